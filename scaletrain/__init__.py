@@ -1,0 +1,52 @@
+"""scaletrain: train language models in JAX, from one CPU to a Ray cluster.
+
+Public names are imported lazily so that ``import scaletrain`` stays fast and the
+CLI's ``--help`` does not pay for JAX start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "Trainer": "scaletrain.training.trainer",
+    "BaseTrainer": "scaletrain.training.trainer",
+    "BaseTrainerProtocol": "scaletrain.training.protocol",
+    "TrainerOutput": "scaletrain.training.protocol",
+    "TrainState": "scaletrain.training.state",
+    "Callback": "scaletrain.training.callbacks",
+    "TrainingArguments": "scaletrain.arguments",
+    "PartitionAxis": "scaletrain.parallel.partition",
+    "create_mesh": "scaletrain.parallel.mesh",
+    "TaskType": "scaletrain.models.task",
+    "get_modules_by_type": "scaletrain.models.registry",
+    "LlamaConfig": "scaletrain.models.config",
+    "MistralConfig": "scaletrain.models.config",
+    "Qwen2Config": "scaletrain.models.config",
+    "LlamaForCausalLM": "scaletrain.models.llama",
+    "MistralForCausalLM": "scaletrain.models.llama",
+    "Qwen2ForCausalLM": "scaletrain.models.llama",
+    "create_sharded_model": "scaletrain.models.factory",
+    "Recipe": "scaletrain.recipe",
+    "ScaletrainError": "scaletrain.errors",
+    "ConfigError": "scaletrain.errors",
+    "DataError": "scaletrain.errors",
+    "CheckpointError": "scaletrain.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'scaletrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

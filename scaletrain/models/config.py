@@ -1,0 +1,214 @@
+"""Model configuration with Hugging Face field names.
+
+``LlamaConfig`` holds the architecture (the same keys as a transformers
+``config.json``) plus the runtime placement fields that seed 000's
+``CONFIG_VARIABLES`` pass to a config: the mesh axes, the ``PartitionAxis``,
+gradient checkpointing and attention options. Unknown keys are kept (as
+transformers does) so configs written by other tools still load; the recipe layer
+is the strict one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.partition import PartitionAxis
+
+DTYPES: dict[str, Any] = {
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "float16": jnp.float16,
+    "float64": jnp.float64,
+}
+
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention")
+
+
+def dtype_name(value: Any) -> str:
+    """Canonical string for a dtype given as a string, numpy or jax dtype."""
+    if isinstance(value, str):
+        name = value.removeprefix("jnp.").removeprefix("jax.numpy.")
+        name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32": "float32"}.get(name, name)
+        if name not in DTYPES:
+            raise ValueError(f"unknown dtype {value!r}; use one of {sorted(DTYPES)}")
+        return name
+    try:
+        return jnp.dtype(value).name
+    except TypeError as exc:
+        raise ValueError(f"not a dtype: {value!r}") from exc
+
+
+def to_dtype(value: Any) -> Any:
+    """The jnp dtype for a name or dtype."""
+    return DTYPES[dtype_name(value)]
+
+
+class LlamaConfig(BaseModel):
+    """Llama-family decoder config (Llama, Mistral and Qwen2 share it)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
+    model_type: ClassVar[str] = "llama"
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    attention_bias: bool = False
+    qkv_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    pad_token_id: int | None = None
+    # runtime placement (seed 000 CONFIG_VARIABLES)
+    gradient_checkpointing: str = "none"
+    attn_mechanism: str = "auto"
+    attn_dtype: str | None = None
+    attn_softmax_dtype: str | None = "float32"
+    sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
+    sharding_axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
+    sharding_dcn_axis_dims: tuple[int, ...] | None = None
+    partition_axis: PartitionAxis = PartitionAxis()
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> LlamaConfig:
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                    f"{self.num_attention_heads}; set head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.hidden_act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only silu)")
+        if self.gradient_checkpointing not in REMAT_POLICIES:
+            raise ValueError(
+                f"gradient_checkpointing {self.gradient_checkpointing!r}: use one of {REMAT_POLICIES}"
+            )
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in ("linear", "llama3", "default"):
+                raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+        return self
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _remat_name(cls, value: Any) -> Any:
+        if value is None or value is False:
+            return "none"
+        if value is True:
+            return "full"
+        return getattr(value, "value", value) if not isinstance(value, str) else value.lower()
+
+    @field_validator("attn_dtype", "attn_softmax_dtype", mode="before")
+    @classmethod
+    def _dtype_str(cls, value: Any) -> Any:
+        return None if value is None else dtype_name(value)
+
+    @field_validator("partition_axis", mode="before")
+    @classmethod
+    def _partition_axis(cls, value: Any) -> Any:
+        return PartitionAxis(**value) if isinstance(value, dict) else value
+
+    # ---- derived quantities -------------------------------------------------
+    @property
+    def num_params(self) -> int:
+        """Parameter count, including embeddings (and the LM head unless tied)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        attn = h * q + 2 * h * kv + q * h
+        if self.attention_bias or self.qkv_bias:
+            attn += q + 2 * kv + (q if self.attention_bias else 0)
+        mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+        layer = attn + mlp + 2 * h
+        head = 0 if self.tie_word_embeddings else h * v
+        return v * h + self.num_hidden_layers * layer + h + head
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 x matmul parameters plus causal attention.
+
+        The matmul parameters exclude the input embedding lookup but include the
+        LM head. Attention scores and the weighted sum cost ``2 * 2 * seq * q_dim``
+        forward per layer, halved for the causal mask, tripled for the backward.
+        """
+        matmul_params = self.num_params - self.vocab_size * self.hidden_size
+        if self.tie_word_embeddings:
+            matmul_params += self.vocab_size * self.hidden_size
+        q_dim = self.num_attention_heads * self.head_dim
+        attn = 6 * self.num_hidden_layers * seq_len * q_dim
+        return 6.0 * matmul_params + attn
+
+    # ---- persistence --------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict, with ``model_type`` (a transformers config.json superset)."""
+        out = self.model_dump(mode="json")
+        out["model_type"] = self.model_type
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        data = {k: v for k, v in data.items() if k != "model_type"}
+        return cls(**data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+
+
+class MistralConfig(LlamaConfig):
+    """Mistral: Llama with an optional sliding attention window."""
+
+    model_type: ClassVar[str] = "mistral"
+    sliding_window: int | None = 4096
+    rms_norm_eps: float = 1e-5
+
+
+class Qwen2Config(LlamaConfig):
+    """Qwen2: Llama with biases on the q/k/v projections."""
+
+    model_type: ClassVar[str] = "qwen2"
+    qkv_bias: bool = True
+    rope_theta: float = 1000000.0
+    rms_norm_eps: float = 1e-6
+    use_sliding_window: bool = False
+
+
+def check_config_keys(config_class: type[LlamaConfig], keys: set[str], where: str) -> None:
+    """Raise ConfigError naming any key that ``config_class`` does not define."""
+    unknown = sorted(k for k in keys if k not in config_class.model_fields and k != "model_type")
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown model config key(s) {unknown}; known keys are "
+            f"{sorted(config_class.model_fields)}"
+        )
+
+
+def effective_sliding_window(config: LlamaConfig) -> int | None:
+    """The attention window the model applies (Qwen2 only windows when asked)."""
+    if isinstance(config, Qwen2Config) and not config.use_sliding_window:
+        return None
+    return config.sliding_window

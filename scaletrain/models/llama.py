@@ -1,0 +1,347 @@
+"""Llama-family causal decoder in Flax NNX (Llama, Mistral, Qwen2).
+
+Pre-norm blocks of grouped-query attention with RoPE and a SwiGLU MLP, RMSNorm,
+optional q/k/v(/o) biases, optional tied embeddings. Parameters are float32 by
+default (``param_dtype``) and cast to the compute ``dtype`` at use, so bf16 compute
+keeps float32 master weights. Every parameter carries ``logical_axes`` metadata that
+:mod:`scaletrain.parallel.partition` maps onto the mesh.
+
+Packed rows are supported through ``segment_ids`` (tokens attend only within their
+own segment; 0 marks padding) and per-document ``positions`` for RoPE.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
+
+from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
+from scaletrain.models.task import TaskType
+
+Array = jax.Array
+
+
+def _init(config: LlamaConfig, scale: float = 1.0) -> Any:
+    return nnx.initializers.normal(stddev=config.initializer_range * scale)
+
+
+class Dense(nnx.Module):
+    """``x @ kernel (+ bias)`` with a [in, out] kernel kept in param_dtype and used in dtype."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        axes: tuple[str, str],
+        *,
+        use_bias: bool,
+        config: LlamaConfig,
+        dtype: Any,
+        param_dtype: Any,
+        precision: Any,
+        rngs: nnx.Rngs,
+        init_scale: float = 1.0,
+    ):
+        self.kernel = nnx.Param(
+            _init(config, init_scale)(rngs.params(), (in_features, out_features), param_dtype),
+            logical_axes=axes,
+        )
+        self.bias = (
+            nnx.Param(jnp.zeros((out_features,), param_dtype), logical_axes=(axes[1],)) if use_bias else None
+        )
+        self.dtype = dtype
+        self.precision = precision
+
+    def __call__(self, x: Array) -> Array:
+        y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm computed in float32 (as transformers does), scaled in float32."""
+
+    def __init__(self, dim: int, eps: float, dtype: Any, param_dtype: Any):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * x32).astype(self.dtype)
+
+
+def rope_inv_freq(config: LlamaConfig) -> jnp.ndarray:
+    """Inverse frequencies of RoPE, with ``linear`` and ``llama3`` scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = jnp.where(is_mid, mid, scaled)
+    return inv_freq
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
+    """Rotate ``x`` [B, T, H, D] by ``positions`` [B, T] (half-split layout, as transformers)."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def build_attention_mask(
+    segment_ids: Array, positions: Array, sliding_window: int | None
+) -> Array:
+    """Boolean [B, 1, T, S] mask: causal, same segment, not padding, inside the window."""
+    t = segment_ids.shape[1]
+    idx = jnp.arange(t)
+    causal = idx[:, None] >= idx[None, :]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    valid = (segment_ids != 0)[:, None, :]
+    mask = causal[None] & same & valid
+    if sliding_window is not None:
+        dist = positions[:, :, None] - positions[:, None, :]
+        mask = mask & (dist < sliding_window)
+    # a fully padded query row would make softmax NaN: let it see itself
+    mask = mask | jnp.eye(t, dtype=bool)[None]
+    return mask[:, None]
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with RoPE."""
+
+    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+        h, d = config.hidden_size, config.head_dim
+        nq, nkv = config.num_attention_heads, config.num_key_value_heads
+        qkv_bias = config.attention_bias or config.qkv_bias
+        kw = dict(config=config, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+        self.q_proj = Dense(h, nq * d, ("embed", "heads"), use_bias=qkv_bias, **kw)
+        self.k_proj = Dense(h, nkv * d, ("embed", "kv_heads"), use_bias=qkv_bias, **kw)
+        self.v_proj = Dense(h, nkv * d, ("embed", "kv_heads"), use_bias=qkv_bias, **kw)
+        self.o_proj = Dense(nq * d, h, ("heads", "embed"), use_bias=config.attention_bias, **kw)
+        self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
+        self.dtype = dtype
+        self.softmax_dtype = jnp.dtype(config.attn_softmax_dtype or "float32")
+        self.precision = precision
+
+    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array) -> Array:
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision)
+        out = checkpoint_name(out, "attn_out")
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any) -> Array:
+    """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default)."""
+    b, t, nq, d = q.shape
+    nkv = k.shape[2]
+    group = nq // nkv
+    q = q.reshape(b, t, nkv, group, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=precision).astype(softmax_dtype)
+    scores = scores / jnp.sqrt(jnp.asarray(d, softmax_dtype))
+    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(softmax_dtype).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
+    return out.reshape(b, t, nq, d)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+        h, i = config.hidden_size, config.intermediate_size
+        kw = dict(config=config, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+        self.gate_proj = Dense(h, i, ("embed", "mlp"), use_bias=config.mlp_bias, **kw)
+        self.up_proj = Dense(h, i, ("embed", "mlp"), use_bias=config.mlp_bias, **kw)
+        self.down_proj = Dense(i, h, ("mlp", "embed"), use_bias=config.mlp_bias, **kw)
+
+    def __call__(self, x: Array) -> Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
+        self.self_attn = Attention(config, dtype, param_dtype, precision, rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
+        self.mlp = MLP(config, dtype, param_dtype, precision, rngs)
+
+    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array) -> Array:
+        x = x + self.self_attn(self.input_layernorm(x), positions, mask, inv_freq)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+_REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "save_attention": jax.checkpoint_policies.save_only_these_names("attn_out"),
+}
+
+
+def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
+    """Shard an activation when a mesh is active (a no-op outside ``jax.set_mesh``).
+
+    Mesh axes that are absent, of size 1, or that do not divide the dimension are
+    dropped, so a batch of 1 (generation) still runs on an 8-way mesh.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    sizes = dict(mesh.shape_tuple)
+    parts: list[Any] = []
+    for dim, axes in zip(x.shape, spec):
+        names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+        names = tuple(a for a in names if sizes.get(a, 1) > 1)
+        total = math.prod(sizes[a] for a in names) if names else 1
+        parts.append(names if names and dim % total == 0 else None)
+    return lax.with_sharding_constraint(x, PartitionSpec(*parts))
+
+
+class LlamaModel(nnx.Module):
+    """Embeddings, decoder layers and the final norm."""
+
+    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+        self.embed_tokens = nnx.Param(
+            _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
+            logical_axes=("vocab", "embed"),
+        )
+        self.layers = nnx.List(
+            [DecoderLayer(config, dtype, param_dtype, precision, rngs) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
+        self.dtype = dtype
+
+
+class LlamaForCausalLM(nnx.Module):
+    """Decoder with a language-model head; ``__call__`` returns float32-ready logits in ``dtype``."""
+
+    _model_type: ClassVar[str] = "llama"
+    _model_task: ClassVar[TaskType] = TaskType.CAUSAL_LM
+    config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        precision: Any = None,
+        *,
+        rngs: nnx.Rngs,
+    ):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.param_dtype = jnp.dtype(param_dtype)
+        self.precision = precision
+        self.model = LlamaModel(config, self.dtype, self.param_dtype, precision, rngs)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else Dense(
+                config.hidden_size,
+                config.vocab_size,
+                ("embed", "vocab"),
+                use_bias=False,
+                config=config,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                precision=precision,
+                rngs=rngs,
+            )
+        )
+
+    # -- forward --------------------------------------------------------------
+    def hidden_states(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        segment_ids: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        """Final-norm hidden states [B, T, hidden]."""
+        cfg = self.config
+        pa = cfg.partition_axis
+        act_spec = (pa.batch_axis, pa.sequence_axis, None)
+        if segment_ids is None:
+            segment_ids = (
+                attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
+            )
+        if positions is None:
+            positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
+        mask = build_attention_mask(segment_ids, positions, effective_sliding_window(cfg))
+        inv_freq = rope_inv_freq(cfg)
+        x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        x = _constrain(x, act_spec)
+        policy = cfg.gradient_checkpointing
+        for layer in self.model.layers:
+            if policy == "none":
+                x = layer(x, positions, mask, inv_freq)
+            else:
+                x = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(
+                    layer, x, positions, mask, inv_freq
+                )
+            x = _constrain(x, act_spec)
+        return self.model.norm(x)
+
+    def lm_head_kernel(self) -> Array:
+        """The [hidden, vocab] output projection (the embedding's transpose when tied)."""
+        if self.lm_head is None:
+            return self.model.embed_tokens[...].T
+        return self.lm_head.kernel[...]
+
+    def compute_logits(self, hidden: Array) -> Array:
+        """Logits in the compute dtype from hidden states."""
+        w = self.lm_head_kernel().astype(self.dtype)
+        return jnp.dot(hidden.astype(self.dtype), w, precision=self.precision)
+
+    def __call__(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        segment_ids: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        return self.compute_logits(self.hidden_states(input_ids, positions, segment_ids, attention_mask))
+
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    _model_type: ClassVar[str] = "mistral"
+    config_class: ClassVar[type[LlamaConfig]] = MistralConfig
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    _model_type: ClassVar[str] = "qwen2"
+    config_class: ClassVar[type[LlamaConfig]] = Qwen2Config

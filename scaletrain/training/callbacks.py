@@ -1,0 +1,188 @@
+"""Callbacks: the side effects around the training loop.
+
+Events come in ``pre_``/``post_`` pairs for init, train, epoch, step, evaluate and
+checkpoint (ArcticTraining's events). Logging, progress, evaluation scheduling and
+stopping rules are callbacks themselves, so the loop in ``Trainer.train`` only
+steps and dispatches. A callback asks the loop to stop by calling
+``trainer.request_stop(reason)``; an exception raised in a callback propagates
+with its traceback (it never ends a run silently).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scaletrain.training.trainer import BaseTrainer
+
+EVENTS = ("init", "train", "epoch", "step", "evaluate", "checkpoint")
+
+
+class Callback:
+    """Base class: override any ``pre_<event>`` / ``post_<event>`` method.
+
+    Signatures: ``pre_init(trainer)``, ``post_init(trainer)``,
+    ``pre_train(trainer, state)``, ``post_train(trainer, state)``,
+    ``pre_epoch(trainer, epoch)``, ``post_epoch(trainer, epoch)``,
+    ``pre_step(trainer, step)``, ``post_step(trainer, step, metrics)``,
+    ``pre_evaluate(trainer, step)``, ``post_evaluate(trainer, step, results)``,
+    ``pre_checkpoint(trainer, step)``, ``post_checkpoint(trainer, step, path)``.
+    ``metrics`` in ``post_step`` is a :class:`StepOutput` whose values are fetched
+    from the device only when read.
+    """
+
+    def pre_init(self, trainer: BaseTrainer) -> None: ...
+    def post_init(self, trainer: BaseTrainer) -> None: ...
+    def pre_train(self, trainer: BaseTrainer, state: Any) -> None: ...
+    def post_train(self, trainer: BaseTrainer, state: Any) -> None: ...
+    def pre_epoch(self, trainer: BaseTrainer, epoch: int) -> None: ...
+    def post_epoch(self, trainer: BaseTrainer, epoch: int) -> None: ...
+    def pre_step(self, trainer: BaseTrainer, step: int) -> None: ...
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None: ...
+    def pre_evaluate(self, trainer: BaseTrainer, step: int) -> None: ...
+    def post_evaluate(self, trainer: BaseTrainer, step: int, results: dict[str, float]) -> None: ...
+    def pre_checkpoint(self, trainer: BaseTrainer, step: int) -> None: ...
+    def post_checkpoint(self, trainer: BaseTrainer, step: int, path: str) -> None: ...
+
+
+class StepOutput:
+    """Device metrics of one step; ``.host()`` fetches them (a sync) once."""
+
+    def __init__(self, device_metrics: dict[str, Any]):
+        self._device = device_metrics
+        self._host: dict[str, float] | None = None
+
+    def host(self) -> dict[str, float]:
+        if self._host is None:
+            import jax
+
+            self._host = {k: float(v) for k, v in jax.device_get(self._device).items()}
+        return self._host
+
+
+class MetricsLogger(Callback):
+    """Every ``log_steps`` steps: fetch metrics, add throughput and MFU, write them out.
+
+    Lines go to ``<output_dir>/metrics.jsonl`` (one JSON object per line) and to
+    the trainer's loggers (TensorBoard, ...). Throughput is measured between log
+    steps, after the fetch, so it covers exactly the steps in between.
+    """
+
+    def __init__(self) -> None:
+        self._last_time: float | None = None
+        self._last_step = 0
+        self.throughputs: list[dict[str, float]] = []
+        self.last_train: dict[str, float] = {}
+        self.last_eval: dict[str, float] = {}
+
+    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+        self._last_time = time.perf_counter()
+        self._last_step = trainer.global_step
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        if step % trainer.arguments.log_steps and step != trainer.max_training_steps:
+            return
+        values = metrics.host()  # waits for this step: the only sync in the loop
+        now = time.perf_counter()
+        steps = step - self._last_step
+        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length
+        perf = trainer.throughput(tokens, now - (self._last_time or now))
+        first_interval = self._last_step == trainer.start_step
+        self._last_time, self._last_step = now, step
+        if not first_interval:  # the first interval includes compilation
+            self.throughputs.append(perf)
+        record = {
+            "step": step,
+            "split": "train",
+            "epoch": trainer.epoch,
+            "loss": values["loss"],
+            "accuracy": values["accuracy"],
+            "perplexity": math.exp(min(values["loss"], 50.0)),
+            "learning_rate": trainer.learning_rate_at(step - 1),
+            "grad_norm": values["grad_norm"],
+            "target_tokens": values["tokens"],
+            **perf,
+            "elapsed_s": time.perf_counter() - trainer.start_time,
+        }
+        if trainer.arguments.z_loss:
+            record["z_loss"] = values["z_loss"]
+        self.last_train = record
+        trainer.write_metrics(record)
+
+    def post_evaluate(self, trainer: BaseTrainer, step: int, results: dict[str, float]) -> None:
+        self.last_eval = {"step": step, "split": "eval", **results}
+        trainer.write_metrics(self.last_eval)
+
+    def steady_throughput(self) -> dict[str, float]:
+        """Medians over log intervals after the first (which pays for compilation)."""
+        if not self.throughputs:
+            return {}
+        return {k: statistics.median(p[k] for p in self.throughputs) for k in self.throughputs[0]}
+
+
+class ProgressBar(Callback):
+    """tqdm bar with loss, learning rate, tokens/s and ETA (on process 0 only)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+        if not trainer.arguments.progress_bar or not trainer.is_main_process:
+            return
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=trainer.max_training_steps, initial=trainer.global_step, desc="train",
+                        dynamic_ncols=True, leave=True)
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(step - self.bar.n)
+        logged = trainer.metrics_logger.last_train
+        if logged.get("step") == step:
+            self.bar.set_postfix(
+                loss=f"{logged['loss']:.3f}", lr=f"{logged['learning_rate']:.2e}",
+                tok_s=f"{logged['tokens_per_s']:.0f}", refresh=False,
+            )
+
+    def post_train(self, trainer: BaseTrainer, state: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class PeriodicEvaluation(Callback):
+    """Evaluate every ``evaluation_steps`` steps (when ``do_eval`` and an eval set exist)."""
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        every = trainer.arguments.evaluation_steps
+        if trainer.arguments.do_eval and trainer.dataset_eval is not None and every and step % every == 0:
+            if step != trainer.max_training_steps:  # the final evaluation runs after the loop
+                trainer.evaluate(trainer.current_state)
+
+
+class TrainingHorizon(Callback):
+    """Stop at ``max_training_steps`` (the resolved horizon of steps and epochs)."""
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        if step >= trainer.max_training_steps:
+            trainer.request_stop(f"reached the training horizon of {trainer.max_training_steps} steps")
+
+
+class JsonlWriter:
+    """Append-only JSON-lines file, flushed per line so a killed run keeps its log."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._f = open(path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def close(self) -> None:
+        self._f.close()

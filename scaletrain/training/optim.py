@@ -1,0 +1,59 @@
+"""Optimizer and learning-rate schedule from ``TrainingArguments`` (optax)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from scaletrain.arguments import TrainingArguments
+
+
+def resolved_learning_rate_end(args: TrainingArguments) -> float:
+    """Final learning rate: explicit, else 10% of the peak for decaying schedules."""
+    if args.learning_rate_end is not None:
+        return args.learning_rate_end
+    return args.learning_rate if args.scheduler == "constant" else 0.1 * args.learning_rate
+
+
+def make_schedule(args: TrainingArguments, total_steps: int) -> optax.Schedule:
+    """Linear warmup from 0, then constant, linear or cosine decay to the end rate."""
+    peak, end = args.learning_rate, resolved_learning_rate_end(args)
+    warmup = min(args.warmup_steps, max(total_steps - 1, 0))
+    decay_steps = max(total_steps - warmup, 1)
+    if args.scheduler == "constant":
+        main = optax.constant_schedule(peak)
+    elif args.scheduler == "linear":
+        main = optax.linear_schedule(peak, end, decay_steps)
+    else:
+        main = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
+    if warmup == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), main], [warmup])
+
+
+def _decay_mask(params: Any) -> Any:
+    """Weight decay on matrices only (not on norms or biases)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """Gradient clipping (if set) followed by the chosen optimizer."""
+    if args.optimizer == "adamw":
+        opt = optax.adamw(schedule, b1=args.beta1, b2=args.beta2, eps=args.epsilon,
+                          weight_decay=args.weight_decay, mask=_decay_mask)
+    elif args.optimizer == "lion":
+        opt = optax.lion(schedule, b1=args.beta1, b2=args.beta2, weight_decay=args.weight_decay,
+                         mask=_decay_mask)
+    elif args.optimizer == "adafactor":
+        opt = optax.adafactor(schedule, weight_decay_rate=args.weight_decay or None,
+                              weight_decay_mask=_decay_mask)
+    else:
+        opt = optax.chain(
+            optax.add_decayed_weights(args.weight_decay, mask=_decay_mask),
+            optax.sgd(schedule, momentum=args.momentum or None),
+        )
+    if args.clip_grad:
+        opt = optax.chain(optax.clip_by_global_norm(args.clip_grad), opt)
+    return opt

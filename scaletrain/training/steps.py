@@ -1,0 +1,129 @@
+"""Pure train and eval steps.
+
+``train_step(state, batch) -> (state, metrics)`` computes gradients over
+``gradient_accumulation_steps`` micro-batches inside one jitted call
+(``lax.scan``), normalises by the number of target tokens of the whole batch, and
+applies the optimizer. Nothing here touches the host.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax import lax
+
+from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
+from scaletrain.training.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def _forward_sums(graphdef: Any, params: Any, batch: Batch) -> LossSums:
+    model = nnx.merge(graphdef, params)
+    logits = model(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
+    mask = target_mask(batch["input_ids"], batch.get("segment_ids"), batch.get("loss_mask"))
+    return cross_entropy_sums(logits, batch["input_ids"], mask)
+
+
+def split_microbatches(batch: Batch, num: int) -> Batch:
+    """[num * m, ...] -> [num, m, ...], micro-batch g taking rows g, g+num, ...
+
+    Interleaving keeps each micro-batch's rows on the devices that already hold
+    them when the batch axis is sharded, so no data moves between devices.
+    """
+
+    def split(x: jax.Array) -> jax.Array:
+        m = x.shape[0] // num
+        return jnp.swapaxes(x.reshape(m, num, *x.shape[1:]), 0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def _sum_tree(a: Any, b: Any) -> Any:
+    return jax.tree.map(jnp.add, a, b)
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    tx: optax.GradientTransformation,
+    gradient_accumulation_steps: int = 1,
+    z_loss: float = 0.0,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update from ``batch`` (the whole global batch)."""
+
+    def objective(params: Any, micro: Batch) -> tuple[jax.Array, LossSums]:
+        sums = _forward_sums(state.graphdef, params, micro)
+        return sums.loss + z_loss * sums.z_loss, sums
+
+    grad_fn = jax.grad(objective, has_aux=True)
+    if gradient_accumulation_steps == 1:
+        grads, sums = grad_fn(state.params, batch)
+    else:
+        micro = split_microbatches(batch, gradient_accumulation_steps)
+        zeros = (
+            jax.tree.map(jnp.zeros_like, state.params),
+            LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields)),
+        )
+
+        def body(carry: Any, mb: Batch) -> tuple[Any, None]:
+            return _sum_tree(carry, grad_fn(state.params, mb)), None
+
+        (grads, sums), _ = lax.scan(body, zeros, micro)
+    denom = jnp.maximum(sums.tokens, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    metrics = {
+        "loss": sums.loss / denom,
+        "z_loss": sums.z_loss / denom,
+        "accuracy": sums.correct / denom,
+        "tokens": sums.tokens,
+        "grad_norm": grad_norm,
+    }
+    return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: Batch, *, gradient_accumulation_steps: int = 1) -> LossSums:
+    """Loss sums for ``batch`` (no update), in micro-batches like the train step."""
+    if gradient_accumulation_steps == 1:
+        return _forward_sums(state.graphdef, state.params, batch)
+    micro = split_microbatches(batch, gradient_accumulation_steps)
+    zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
+
+    def body(carry: LossSums, mb: Batch) -> tuple[LossSums, None]:
+        return _sum_tree(carry, _forward_sums(state.graphdef, state.params, mb)), None
+
+    sums, _ = lax.scan(body, zeros, micro)
+    return sums
+
+
+def make_step_functions(
+    tx: optax.GradientTransformation,
+    state_sharding: Any,
+    batch_sharding: Any,
+    replicated: Any,
+    gradient_accumulation_steps: int,
+    z_loss: float,
+) -> tuple[Callable, Callable]:
+    """Jit the steps with explicit in/out shardings; the train state is donated."""
+    train = jax.jit(
+        functools.partial(train_step, tx=tx, gradient_accumulation_steps=gradient_accumulation_steps, z_loss=z_loss),
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, replicated),
+        donate_argnums=(0,),
+    )
+    evaluate = jax.jit(
+        functools.partial(eval_step, gradient_accumulation_steps=gradient_accumulation_steps),
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=replicated,
+    )
+    return train, evaluate
