@@ -125,11 +125,12 @@ def format_validation_error(err: ValidationError, where: str) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
-        key = f"{where}.{loc}" if loc else where
-        msg = e["msg"]
+        key = ".".join(x for x in (where, loc) if x) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         got = e.get("input")
         shown = "" if e["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{key}: {msg}{shown}")
+        # a nested validator already named the full key path: don't repeat it
+        lines.append(f"{msg}{shown}" if msg.startswith(f"{key}.") else f"{key}: {msg}{shown}")
     return "\n".join(lines)

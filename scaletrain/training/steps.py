@@ -78,7 +78,7 @@ def train_step(
         (grads, sums), _ = lax.scan(body, zeros, micro)
     denom = jnp.maximum(sums.tokens, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -25,7 +25,9 @@ from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.models.factory import mesh_for_config
 from scaletrain.parallel.partition import shardings_for_state
-from scaletrain.training import dataloader
+from scaletrain.data.collate import as_source
+from scaletrain.data.packing import PackedRows
+from scaletrain.data.pipeline import make_batch_iterator, steps_per_epoch
 from scaletrain.training.callbacks import (
     Callback,
     JsonlWriter,
@@ -200,10 +202,10 @@ class BaseTrainer(BaseTrainerProtocol):
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
         """Resolve the step horizon and build the training iterator."""
         args = self.arguments
-        per_epoch = dataloader.steps_per_epoch(self._dataset_train, args.total_batch_size)
+        per_epoch = steps_per_epoch(as_source_or_rows(self._dataset_train), args.total_batch_size)
         if per_epoch == 0:
             raise DataError(
-                f"dataset_train has {len(dataloader.as_source(self._dataset_train))} rows, fewer than "
+                f"dataset_train has {len(as_source_or_rows(self._dataset_train))} rows, fewer than "
                 f"total_batch_size={args.total_batch_size}"
             )
         self.steps_per_epoch = per_epoch
@@ -217,7 +219,7 @@ class BaseTrainer(BaseTrainerProtocol):
         self.num_epochs = epochs
         train_iter = self.make_iterator(self._dataset_train, shuffle=True, num_epochs=epochs, drop_remainder=True)
         if self._dataset_eval is not None and args.do_eval:
-            eval_rows = len(dataloader.as_source(self._dataset_eval))
+            eval_rows = len(as_source_or_rows(self._dataset_eval))
             if eval_rows == 0:
                 raise DataError("dataset_eval is empty")
             eval_steps = math.ceil(eval_rows / args.total_batch_size)
@@ -230,15 +232,13 @@ class BaseTrainer(BaseTrainerProtocol):
     def make_iterator(self, dataset: Any, *, shuffle: bool, num_epochs: int | None,
                       drop_remainder: bool) -> Any:
         args = self.arguments
-        return dataloader.make_iterator(
+        return make_batch_iterator(
             dataset,
             args.total_batch_size,
             max_length=args.max_length,
             seed=args.seed,
             shuffle=shuffle,
             num_epochs=num_epochs,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
             drop_remainder=drop_remainder,
             truncation_mode=args.truncation_mode,
             collate_fn=self.data_collator,
@@ -332,6 +332,11 @@ class BaseTrainer(BaseTrainerProtocol):
         for w in self._writers:
             w.close()
         self._writers = []
+
+
+def as_source_or_rows(dataset: Any) -> Any:
+    """Packed rows as they are, any other dataset as a random-access source."""
+    return dataset if isinstance(dataset, PackedRows) else as_source(dataset)
 
 
 def _axes(axes: Any) -> tuple[str, ...]:

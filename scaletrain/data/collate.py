@@ -1,20 +1,15 @@
-"""Turn a dataset into per-process batches with grain.
+"""Random access to any dataset's examples, and collation into fixed-shape batches.
 
 Accepted datasets: anything random-access with ``len`` and ``[i]`` returning a
 dict of token arrays (a list of dicts, a Hugging Face ``datasets.Dataset``, a
-``grain.MapDataset``), or a column table such as ``PackedRows`` (an object or dict
-of ``[N, L]`` arrays). The loader is ``source -> shuffle(seed) -> repeat(epochs) ->
-this process's stride -> batch -> collate``: each epoch gets its own permutation,
-every process reads a disjoint part of each global batch, and the iterator state is
-a single index, so resuming costs O(1).
+``grain.MapDataset``), or a table of ``[N, L]`` columns (a dict of arrays).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
-import grain
 import numpy as np
 
 from scaletrain.errors import DataError
@@ -46,8 +41,6 @@ def as_source(dataset: Any) -> Any:
         raise DataError("no dataset given")
     if isinstance(dataset, dict):
         return ColumnSource({k: np.asarray(v) for k, v in dataset.items() if k in TOKEN_KEYS})
-    if hasattr(dataset, "input_ids") and isinstance(getattr(dataset, "input_ids"), np.ndarray):
-        return ColumnSource({k: getattr(dataset, k) for k in TOKEN_KEYS if isinstance(getattr(dataset, k, None), np.ndarray)})
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         return dataset
     raise DataError(
@@ -103,43 +96,3 @@ def collate(
     return out
 
 
-def make_iterator(
-    dataset: Any,
-    global_batch_size: int,
-    *,
-    max_length: int,
-    seed: int,
-    shuffle: bool,
-    num_epochs: int | None,
-    process_index: int = 0,
-    process_count: int = 1,
-    drop_remainder: bool = True,
-    truncation_mode: Literal["keep_end", "keep_start"] = "keep_end",
-    collate_fn: Callable[[list[Example]], dict[str, np.ndarray]] | None = None,
-) -> grain.DatasetIterator:
-    """A resumable iterator of this process's share of each global batch."""
-    if global_batch_size % process_count:
-        raise DataError(f"global batch {global_batch_size} is not divisible by {process_count} processes")
-    local = global_batch_size // process_count
-    source = as_source(dataset)
-    if len(source) == 0:
-        raise DataError("the dataset is empty")
-    if drop_remainder and len(source) < global_batch_size:
-        raise DataError(f"the dataset has {len(source)} rows, fewer than one batch of {global_batch_size}")
-    ds = source if isinstance(source, grain.MapDataset) else grain.MapDataset.source(source)
-    if shuffle:
-        ds = ds.shuffle(seed=seed)
-    if num_epochs != 1:
-        ds = ds.repeat(num_epochs)
-    if process_count > 1:
-        ds = ds[process_index::process_count]
-    if collate_fn is None:
-        def collate_fn(batch: list[Example]) -> dict[str, np.ndarray]:
-            return collate(batch, max_length, local, truncation_mode)
-    ds = ds.batch(local, drop_remainder=drop_remainder, batch_fn=collate_fn)
-    return iter(ds.to_iter_dataset())
-
-
-def steps_per_epoch(dataset: Any, global_batch_size: int) -> int:
-    """Full global batches in one pass over ``dataset``."""
-    return len(as_source(dataset)) // global_batch_size

@@ -1,0 +1,40 @@
+"""Loading a Hugging Face tokenizer ("processor") from a local folder.
+
+Why a wrapper: runs must work offline and must never execute code shipped with a
+checkpoint, so we load only local files with ``trust_remote_code=False``, and turn the
+usual failures into a :class:`DataError` that names the folder. ``transformers`` is
+imported here, lazily, because it takes seconds to import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from scaletrain.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+
+def load_processor(path: str) -> Any:
+    """Load the fast tokenizer in ``path``; use eos as pad when it has no pad token.
+
+    The eos fallback is what EasyDeL and the HF Trainer recipes do; it is logged as a
+    warning because padding positions then look like document ends to the model
+    (scaletrain masks them by segment id, so training is unaffected).
+    """
+    if not os.path.isdir(path):
+        raise DataError(f"tokenizer folder not found: {path}")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot load a tokenizer from {path}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise DataError(f"the tokenizer in {path} has neither a pad nor an eos token; add one")
+        logger.warning("tokenizer in %s has no pad token; using eos %r as pad", path, tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

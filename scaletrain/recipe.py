@@ -1,0 +1,155 @@
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``.
+
+A recipe is validated as a whole; every problem is reported as
+``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
+paths into it (``training.max_training_steps=50``), parsed as YAML values.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scaletrain.arguments import TrainingArguments, format_validation_error
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.mesh import AXIS_NAMES
+from scaletrain.parallel.partition import PartitionAxis
+
+
+class ModelSection(BaseModel):
+    """``type`` (registry key), optional local ``pretrained`` folder, and HF config keys."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "llama"
+    pretrained: str | None = None
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> ModelSection:
+        from scaletrain.models.registry import get_modules_by_type
+
+        try:
+            config_class, _ = get_modules_by_type(self.type)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        unknown = sorted(k for k in self.config_overrides if k not in config_class.model_fields)
+        if unknown:
+            raise ValueError(f"unknown model config key(s) {unknown} for model type {self.type!r}")
+        try:
+            config_class(**self.config_overrides)
+        except ValidationError as err:
+            raise ValueError(format_validation_error(err, "model")) from None
+        return self
+
+    @property
+    def config_overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class DataSection(BaseModel):
+    """Where the text comes from and how it is split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = "bundled:shakespeare"
+    per_line: bool = False
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    max_documents: int | None = None
+
+
+class TokenizerSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = "bundled"
+
+
+class MeshSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
+    axis_names: tuple[str, ...] = AXIS_NAMES
+    partition_axis: PartitionAxis = PartitionAxis()
+
+
+class SampleSection(BaseModel):
+    """What to generate at the end of a run (skipped when ``max_new_tokens`` is 0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = "\n"
+    max_new_tokens: int = Field(0, ge=0)
+    temperature: float = Field(0.8, ge=0.0)
+    top_k: int | None = 40
+    top_p: float | None = None
+    seed: int = 0
+
+
+class Recipe(BaseModel):
+    """A whole training job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    tokenizer: TokenizerSection = TokenizerSection()
+    training: TrainingArguments = TrainingArguments()
+    mesh: MeshSection = MeshSection()
+    sample: SampleSection = SampleSection()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "recipe") -> Recipe:
+        try:
+            return cls(**data)
+        except ValidationError as err:
+            raise ConfigError(f"{where}: invalid recipe\n" + format_validation_error(err, "")) from None
+
+    @classmethod
+    def load(cls, path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+        """Read ``path`` (YAML), apply ``key.path=value`` overrides, validate."""
+        if not os.path.isfile(path):
+            raise ConfigError(f"recipe file not found: {path}")
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the recipe must be a mapping of sections, got {type(data).__name__}")
+        data = apply_overrides(data, overrides)
+        return cls.from_dict(data, where=path)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.model_dump(mode="json")
+        out["model"] = {"type": self.model.type, "pretrained": self.model.pretrained, **self.model.config_overrides}
+        return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Set each ``a.b.c=value`` (value parsed as YAML) in a copy of ``data``."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: empty key segment")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data

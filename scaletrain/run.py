@@ -1,0 +1,124 @@
+"""Run a recipe end to end: tokenizer -> data -> model -> Trainer -> sample.
+
+This is what ``scaletrain train RECIPE`` calls; it holds no training logic of its
+own, only the wiring from recipe sections to library objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from scaletrain.errors import ConfigError, DataError
+from scaletrain.recipe import Recipe
+
+logger = logging.getLogger("scaletrain")
+
+
+def load_texts(recipe: Recipe) -> list[str]:
+    """Documents named by ``data.source``: ``bundled:NAME`` or a file glob."""
+    from scaletrain.data import load_bundled_corpus, read_text_files
+
+    source = recipe.data.source
+    if source.startswith("bundled:"):
+        texts = load_bundled_corpus(source.split(":", 1)[1])
+    else:
+        texts = read_text_files(source, per_line=recipe.data.per_line)
+    if recipe.data.max_documents is not None:
+        texts = texts[: recipe.data.max_documents]
+    if not texts:
+        raise DataError(f"data.source {source!r} gave no documents")
+    return texts
+
+
+def load_tokenizer(recipe: Recipe) -> Any:
+    from scaletrain.data import bundled_tokenizer_path, load_processor
+
+    path = recipe.tokenizer.path
+    return load_processor(bundled_tokenizer_path() if path == "bundled" else path)
+
+
+def build_model(recipe: Recipe, tokenizer: Any) -> Any:
+    """A new model from ``model`` keys, sized to the tokenizer, sharded on the recipe's mesh."""
+    from scaletrain.models import create_sharded_model, get_modules_by_type
+
+    if recipe.model.pretrained:
+        raise ConfigError("model.pretrained needs Hugging Face import, which this build does not include yet")
+    config_class, module_class = get_modules_by_type(recipe.model.type)
+    keys = dict(recipe.model.config_overrides)
+    vocab = len(tokenizer)
+    keys.setdefault("vocab_size", -(-vocab // 128) * 128)
+    keys.setdefault("max_position_embeddings", recipe.training.max_length)
+    if tokenizer.eos_token_id is not None:
+        keys.setdefault("eos_token_id", tokenizer.eos_token_id)
+        keys.setdefault("bos_token_id", tokenizer.bos_token_id)
+    if tokenizer.pad_token_id is not None:
+        keys.setdefault("pad_token_id", tokenizer.pad_token_id)
+    config = config_class(
+        **keys,
+        sharding_axis_dims=recipe.mesh.axis_dims,
+        sharding_axis_names=recipe.mesh.axis_names,
+        partition_axis=recipe.mesh.partition_axis,
+    )
+    if vocab > config.vocab_size:
+        raise DataError(
+            f"tokenizer {recipe.tokenizer.path!r} has {vocab} tokens but model.vocab_size is "
+            f"{config.vocab_size}; raise model.vocab_size or use another tokenizer"
+        )
+    model, _ = create_sharded_model(
+        module_class, config, dtype=recipe.training.dtype, param_dtype=recipe.training.param_dtype,
+        seed=recipe.training.seed,
+    )
+    return model
+
+
+def run_training(recipe: Recipe) -> dict[str, Any]:
+    """Train as the recipe says; returns the summary written to ``summary.json``."""
+    from scaletrain.data import build_lm_splits
+    from scaletrain.training.trainer import Trainer
+
+    args = recipe.training
+    out = args.ensure_output_dir()
+    with open(os.path.join(out, "recipe.yaml"), "w") as f:
+        f.write(recipe.to_yaml())
+    tokenizer = load_tokenizer(recipe)
+    texts = load_texts(recipe)
+    splits = build_lm_splits(texts, tokenizer, args.max_length, eval_fraction=recipe.data.eval_fraction,
+                             seed=args.seed)
+    logger.info("data: %s", json.dumps(splits.stats, default=float))
+    model = build_model(recipe, tokenizer)
+    has_eval = recipe.data.eval_fraction > 0 and len(splits.eval) > 0
+    trainer = Trainer(
+        arguments=args,
+        model=model,
+        dataset_train=splits.train,
+        dataset_eval=splits.eval if has_eval else None,
+        eval_bytes_per_token=splits.eval_bytes_per_token if has_eval else None,
+        tokenizer=tokenizer,
+    )
+    output = trainer.train()
+    summary = dict(trainer.summary)
+    if recipe.sample.max_new_tokens > 0 and trainer.is_main_process:
+        text = sample_text(output.state.model, tokenizer, recipe)
+        summary["sample"] = text
+        with open(os.path.join(out, "sample.txt"), "w") as f:
+            f.write(text)
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+    return summary
+
+
+def sample_text(model: Any, tokenizer: Any, recipe: Recipe) -> str:
+    """Continue ``sample.prompt`` with the trained model."""
+    import jax
+
+    from scaletrain.generation import generate
+
+    s = recipe.sample
+    ids = tokenizer(s.prompt)["input_ids"] or [tokenizer.eos_token_id]
+    with jax.set_mesh(jax.tree.leaves(model)[0].sharding.mesh):
+        new = generate(model, [ids], max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                       top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    return s.prompt + tokenizer.decode(new[0].tolist(), skip_special_tokens=True)

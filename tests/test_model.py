@@ -1,0 +1,120 @@
+"""The Llama-family module: shapes, parameter count, masking of packed rows, remat."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scaletrain.errors import ConfigError
+from scaletrain.models import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    Qwen2Config,
+    TaskType,
+    get_modules_by_type,
+)
+
+
+def _model(**kw):
+    return LlamaForCausalLM(LlamaConfig(**kw), rngs=nnx.Rngs(0))
+
+
+def test_param_count_matches_config(tiny_config_kwargs):
+    for extra in ({}, {"tie_word_embeddings": True}, {"qkv_bias": True}, {"attention_bias": True}):
+        cfg = LlamaConfig(**tiny_config_kwargs, **extra)
+        model = LlamaForCausalLM(cfg, rngs=nnx.Rngs(0))
+        actual = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        assert actual == cfg.num_params, extra
+
+
+def test_logits_shape_and_dtype(tiny_config_kwargs):
+    model = _model(**tiny_config_kwargs)
+    logits = model(jnp.ones((2, 10), jnp.int32))
+    assert logits.shape == (2, 10, 128)
+    assert logits.dtype == jnp.float32
+
+
+def test_packed_documents_do_not_attend_across(tiny_config_kwargs):
+    """Doc B packed after doc A gives the same logits as doc B alone."""
+    model = _model(**tiny_config_kwargs)
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 128, 7), rng.integers(0, 128, 5)
+    packed = np.concatenate([a, b, [0, 0, 0, 0]])[None]
+    seg = np.array([[1] * 7 + [2] * 5 + [0] * 4])
+    pos = np.array([list(range(7)) + list(range(5)) + [0] * 4])
+    out = model(jnp.asarray(packed), jnp.asarray(pos), jnp.asarray(seg))
+    alone_b = model(jnp.asarray(b[None]))
+    alone_a = model(jnp.asarray(a[None]))
+    np.testing.assert_allclose(out[0, 7:12], alone_b[0], atol=1e-5)
+    np.testing.assert_allclose(out[0, :7], alone_a[0], atol=1e-5)
+    assert np.isfinite(np.asarray(out)).all()  # padding rows stay finite
+
+
+def test_causal(tiny_config_kwargs):
+    """Changing a later token never changes earlier logits."""
+    model = _model(**tiny_config_kwargs)
+    x = jnp.arange(12)[None] % 128
+    y = x.at[0, 8].set(99)
+    np.testing.assert_allclose(model(x)[0, :8], model(y)[0, :8], atol=1e-6)
+    assert not np.allclose(model(x)[0, 8:], model(y)[0, 8:])
+
+
+def test_sliding_window_limits_attention(tiny_config_kwargs):
+    cfg = MistralConfig(**tiny_config_kwargs, sliding_window=3)
+    model = LlamaForCausalLM(cfg, rngs=nnx.Rngs(0))
+    x = jnp.arange(10)[None]
+    y = x.at[0, 0].set(77)
+    # token 5 sees positions 3..5 only, so changing token 0 cannot reach it (1 layer deep per hop)
+    cfg1 = MistralConfig(**{**tiny_config_kwargs, "num_hidden_layers": 1}, sliding_window=3)
+    m1 = LlamaForCausalLM(cfg1, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(m1(x)[0, 5:], m1(y)[0, 5:], atol=1e-6)
+    assert model(x).shape == (1, 10, 128)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_gives_same_gradients(tiny_config_kwargs, policy):
+    x = jnp.arange(16).reshape(2, 8) % 128
+
+    def grads(remat):
+        model = _model(**tiny_config_kwargs, gradient_checkpointing=remat)
+        g, p = nnx.split(model)
+
+        def loss(p):
+            return jnp.mean(nnx.merge(g, p)(x) ** 2)
+
+        return jax.grad(loss)(nnx.to_pure_dict(p))
+
+    a, b = grads("none"), grads(policy)
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-7), a, b)
+
+
+def test_registry():
+    for name, cfg_cls in (("llama", LlamaConfig), ("mistral", MistralConfig), ("qwen2", Qwen2Config)):
+        config_class, module_class = get_modules_by_type(name, TaskType.CAUSAL_LM)
+        assert config_class is cfg_cls
+        assert module_class._model_type == name
+        assert module_class._model_task == TaskType.CAUSAL_LM
+    with pytest.raises(ConfigError, match="gpt9"):
+        get_modules_by_type("gpt9", TaskType.CAUSAL_LM)
+
+
+def test_qwen2_has_qkv_bias(tiny_config_kwargs):
+    model = LlamaForCausalLM(Qwen2Config(**tiny_config_kwargs), rngs=nnx.Rngs(0))
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.o_proj.bias is None
+
+
+def test_config_validation_names_the_field(tiny_config_kwargs):
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        LlamaConfig(**{**tiny_config_kwargs, "num_key_value_heads": 3})
+    with pytest.raises(ValueError, match="rope_scaling"):
+        LlamaConfig(**tiny_config_kwargs, rope_scaling={"type": "yarn", "factor": 2})
+
+
+def test_bf16_compute_keeps_fp32_params(tiny_config_kwargs):
+    model = LlamaForCausalLM(LlamaConfig(**tiny_config_kwargs), dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                             rngs=nnx.Rngs(0))
+    assert model.model.embed_tokens[...].dtype == jnp.float32
+    assert model(jnp.ones((1, 4), jnp.int32)).dtype == jnp.bfloat16

@@ -1,0 +1,99 @@
+"""One train step gives the same loss and parameters on every mesh as on one device."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from scaletrain.arguments import TrainingArguments
+from scaletrain.errors import ConfigError
+from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
+from scaletrain.parallel import PartitionAxis, create_mesh, logical_to_spec, resolve_axis_dims
+from scaletrain.training.optim import make_optimizer, make_schedule
+from scaletrain.training.state import create_train_state, state_shardings
+from scaletrain.training.steps import make_step_functions
+
+
+def _batch(rows=8, length=16, vocab=128, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (rows, length)).astype(np.int32)
+    seg = np.ones((rows, length), np.int32)
+    # ragged padding so that token weighting matters
+    for r in range(rows):
+        seg[r, length - (r % 5) :] = 0
+    pos = np.where(seg > 0, np.arange(length)[None], 0).astype(np.int32)
+    return {"input_ids": ids, "segment_ids": seg, "positions": pos}
+
+
+def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1):
+    cfg = LlamaConfig(**kw, sharding_axis_dims=dims)
+    mesh = create_mesh(dims, devices=devices)
+    model, mesh = create_sharded_model(LlamaForCausalLM, cfg, mesh=mesh, seed=3)
+    args = TrainingArguments(total_batch_size=8, gradient_accumulation_steps=grad_accum, max_length=16,
+                             max_training_steps=10, learning_rate=1e-2, warmup_steps=0)
+    tx = make_optimizer(args, make_schedule(args, 10))
+    state = create_train_state(model, tx, mesh)
+    batch_sharding = NamedSharding(mesh, PartitionSpec(("dp", "fsdp"), "sp"))
+    train, _ = make_step_functions(tx, state_shardings(state), batch_sharding,
+                                   NamedSharding(mesh, PartitionSpec()), grad_accum, 0.0)
+    batch = batch if batch is not None else _batch()
+    with jax.set_mesh(mesh):
+        for _ in range(steps):
+            state, metrics = train(state, jax.device_put(batch, batch_sharding))
+    return state, jax.device_get(metrics)
+
+
+@pytest.mark.parametrize("dims", [(1, 8, 1, 1, 1), (2, 2, 1, 2, 1), (1, 2, 1, 4, 1)])
+def test_step_matches_single_device(tiny_config_kwargs, dims):
+    ref_state, ref_metrics = _one_step(tiny_config_kwargs, (1, 1, 1, 1, 1), devices=jax.devices()[:1])
+    state, metrics = _one_step(tiny_config_kwargs, dims)
+    np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["grad_norm"], ref_metrics["grad_norm"], rtol=1e-4)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5),
+        jax.device_get(state.params), jax.device_get(ref_state.params),
+    )
+
+
+def test_shardings_survive_a_step(tiny_config_kwargs):
+    dims = (1, 2, 1, 4, 1)
+    cfg = LlamaConfig(**tiny_config_kwargs, sharding_axis_dims=dims)
+    model, mesh = create_sharded_model(LlamaForCausalLM, cfg)
+    q = model.model.layers[0].self_attn.q_proj.kernel[...]
+    assert q.sharding.spec == PartitionSpec("fsdp", "tp")
+    state, _ = _one_step(tiny_config_kwargs, dims)
+    assert state.params["model"]["layers"][0]["self_attn"]["q_proj"]["kernel"].sharding.spec == PartitionSpec("fsdp", "tp")
+    mu = state.opt_state[1][0].mu  # clip -> adamw(scale_by_adam)
+    assert mu["model"]["layers"][0]["mlp"]["down_proj"]["kernel"].sharding.spec == PartitionSpec("tp", "fsdp")
+    assert mu["model"]["embed_tokens"].sharding.spec == PartitionSpec("tp", "fsdp")
+
+
+def test_gradient_accumulation_equals_big_batch(tiny_config_kwargs):
+    dims = (1, 2, 1, 4, 1)
+    big, m1 = _one_step(tiny_config_kwargs, dims, grad_accum=1, steps=2)
+    acc, m4 = _one_step(tiny_config_kwargs, dims, grad_accum=4, steps=2)
+    np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+    np.testing.assert_allclose(m4["tokens"], m1["tokens"])
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5),
+        jax.device_get(acc.params), jax.device_get(big.params),
+    )
+
+
+def test_mesh_dims_resolution():
+    assert resolve_axis_dims((1, -1, 1, 1, 1), 8) == (1, 8, 1, 1, 1)
+    assert resolve_axis_dims((2, -1, 1, 2, 1), 8) == (2, 2, 1, 2, 1)
+    with pytest.raises(ConfigError, match="at most one"):
+        resolve_axis_dims((-1, -1, 1, 1, 1), 8)
+    with pytest.raises(ConfigError, match="divisible"):
+        resolve_axis_dims((3, -1, 1, 1, 1), 8)
+    with pytest.raises(ConfigError, match="16 devices"):
+        resolve_axis_dims((2, 8, 1, 1, 1), 8)
+
+
+def test_indivisible_dims_are_replicated():
+    mesh = create_mesh((1, 2, 1, 4, 1))
+    pa = PartitionAxis()
+    assert logical_to_spec(("embed", "kv_heads"), (32, 6), pa, mesh) == PartitionSpec("fsdp", None)
+    assert logical_to_spec(("vocab", "embed"), (128, 32), pa, mesh) == PartitionSpec("tp", "fsdp")
+    assert logical_to_spec(("norm",), (32,), pa, mesh) == PartitionSpec(None)
