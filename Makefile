@@ -1,0 +1,33 @@
+# Two commands for a fresh clone:
+#   make train   set up .venv and train the main job (a small Llama on Shakespeare)
+#   make test    set up .venv with the test extra and run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+ARGS   ?=
+PYTEST_ARGS ?=
+
+.PHONY: train test install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+train: $(VENV)/.installed
+	$(BIN)/scaletrain train examples/shakespeare.yaml $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
