@@ -8,6 +8,7 @@ the trainer prints the resolved plan (steps, epochs, tokens, schedule) at start.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -51,13 +52,31 @@ class TrainingArguments(BaseModel):
     do_eval: bool = True
     evaluation_steps: int | None = None
     max_evaluation_steps: int | None = None
-    # logging and checkpoints
+    # logging
     log_steps: int = 10
-    save_steps: int | None = None
-    save_total_limit: int | None = None
-    resume_if_possible: bool = False
     progress_bar: bool = True
     peak_flops_per_device: float | None = None
+    report_to: tuple[Literal["tensorboard", "wandb"], ...] = ("tensorboard",)
+    wandb_project: str = "scaletrain"
+    log_grad_norms: bool = False
+    log_weight_stats: bool = False
+    generate_steps: int | None = None
+    generate_prompts: tuple[str, ...] = ("\n",)
+    generate_max_new_tokens: int = 32
+    # checkpoints and resume
+    save_steps: int | None = None
+    save_interval_minutes: float | None = None
+    save_total_limit: int | None = None
+    save_best: bool = False
+    save_at_end: bool = True
+    resume_if_possible: bool = False
+    resume_from: str | None = None
+    # stopping rules (besides the horizon of max_training_steps / epochs)
+    exit_iteration: int | None = None
+    exit_iteration_this_run: int | None = None
+    kill_switch_path: str | None = None
+    training_time_limit: str | None = None
+    break_on_nan: bool = True
     # data
     truncation_mode: Literal["keep_end", "keep_start"] = "keep_end"
     step_partition_spec: tuple[AxisSpec, ...] = (("dp", "fsdp"), "sp")
@@ -76,9 +95,16 @@ class TrainingArguments(BaseModel):
             raise ValueError("must be > 0")
         return value
 
+    @field_validator("training_time_limit")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
     @field_validator(
         "num_train_epochs", "max_training_steps", "evaluation_steps", "max_evaluation_steps", "save_steps",
-        "save_total_limit",
+        "save_total_limit", "exit_iteration", "exit_iteration_this_run", "generate_steps",
     )
     @classmethod
     def _positive_or_none(cls, value: int | None) -> int | None:
@@ -115,9 +141,27 @@ class TrainingArguments(BaseModel):
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, where)) from None
 
+    @property
+    def time_limit_seconds(self) -> float | None:
+        return None if self.training_time_limit is None else parse_duration(self.training_time_limit)
+
     def ensure_output_dir(self) -> str:
         os.makedirs(self.output_dir, exist_ok=True)
         return self.output_dir
+
+
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"2h30m"``, ``"90m"``, ``"45s"``, ``"1d"`` or a bare number of seconds."""
+    s = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        return float(s)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([dhms])", s)
+    if not parts or "".join(n + u for n, u in parts) != s:
+        raise ValueError(f"{text!r} is not a duration like '2h30m', '90m' or '45s'")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
 def format_validation_error(err: ValidationError, where: str) -> str:

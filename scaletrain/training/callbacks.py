@@ -57,6 +57,10 @@ class StepOutput:
         self._device = device_metrics
         self._host: dict[str, float] | None = None
 
+    def device(self, key: str) -> Any:
+        """One metric, still on device (no sync)."""
+        return self._device[key]
+
     def host(self) -> dict[str, float]:
         if self._host is None:
             import jax
@@ -172,6 +176,22 @@ class TrainingHorizon(Callback):
     def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
         if step >= trainer.max_training_steps:
             trainer.request_stop(f"reached the training horizon of {trainer.max_training_steps} steps")
+
+
+class CheckpointSaver(Callback):
+    """Save every ``save_steps`` steps and/or every ``save_interval_minutes``."""
+
+    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+        self._last = time.monotonic()
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        a = trainer.arguments
+        due = bool(a.save_steps) and step % a.save_steps == 0
+        if a.save_interval_minutes and time.monotonic() - self._last >= 60 * a.save_interval_minutes:
+            due = True
+        if due and trainer.stop_reason is None and not trainer.failed:
+            trainer.save_checkpoint(trainer.current_state)
+            self._last = time.monotonic()
 
 
 class JsonlWriter:

@@ -55,8 +55,15 @@ def train_step(
     tx: optax.GradientTransformation,
     gradient_accumulation_steps: int = 1,
     z_loss: float = 0.0,
+    guard_nonfinite: bool = True,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update from ``batch`` (the whole global batch)."""
+    """One optimizer update from ``batch`` (the whole global batch).
+
+    With ``guard_nonfinite`` an update whose loss or gradient norm is not finite is
+    not applied (parameters and optimizer state stay as they were, the step counter
+    still advances) and ``metrics["nonfinite"]`` is 1, so a bad batch never corrupts
+    the state that later checkpoints save.
+    """
 
     def objective(params: Any, micro: Batch) -> tuple[jax.Array, LossSums]:
         sums = _forward_sums(state.graphdef, params, micro)
@@ -81,6 +88,11 @@ def train_step(
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(sums.loss) & jnp.isfinite(grad_norm)
+    if guard_nonfinite:
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
+        )
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {
         "loss": sums.loss / denom,
@@ -88,6 +100,7 @@ def train_step(
         "accuracy": sums.correct / denom,
         "tokens": sums.tokens,
         "grad_norm": grad_norm,
+        "nonfinite": 1.0 - finite.astype(jnp.float32),
     }
     return new_state, metrics
 
@@ -113,10 +126,12 @@ def make_step_functions(
     replicated: Any,
     gradient_accumulation_steps: int,
     z_loss: float,
+    guard_nonfinite: bool = True,
 ) -> tuple[Callable, Callable]:
     """Jit the steps with explicit in/out shardings; the train state is donated."""
     train = jax.jit(
-        functools.partial(train_step, tx=tx, gradient_accumulation_steps=gradient_accumulation_steps, z_loss=z_loss),
+        functools.partial(train_step, tx=tx, gradient_accumulation_steps=gradient_accumulation_steps, z_loss=z_loss,
+                          guard_nonfinite=guard_nonfinite),
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=(state_sharding, replicated),
         donate_argnums=(0,),

@@ -28,8 +28,10 @@ from scaletrain.parallel.partition import shardings_for_state
 from scaletrain.data.collate import as_source
 from scaletrain.data.packing import PackedRows
 from scaletrain.data.pipeline import make_batch_iterator, steps_per_epoch
+from scaletrain.errors import CheckpointError
 from scaletrain.training.callbacks import (
     Callback,
+    CheckpointSaver,
     JsonlWriter,
     MetricsLogger,
     PeriodicEvaluation,
@@ -37,6 +39,8 @@ from scaletrain.training.callbacks import (
     StepOutput,
     TrainingHorizon,
 )
+from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
+from scaletrain.training.stopping import NanGuard, StoppingRules
 from scaletrain.training.loss import LossSums
 from scaletrain.training.metrics import peak_flops_per_device, throughput
 from scaletrain.training.optim import make_optimizer, make_schedule, resolved_learning_rate_end
@@ -108,10 +112,18 @@ class BaseTrainer(BaseTrainerProtocol):
         self._given_model = model
         self._given_state = model_state
         self.metrics_logger = MetricsLogger()
+        self.nan_guard = NanGuard()
+        # order matters: stop rules first, then logging, evaluation, and saving last
         self.callbacks: list[Callback] = [
-            TrainingHorizon(), self.metrics_logger, ProgressBar(), PeriodicEvaluation(), *callbacks,
+            TrainingHorizon(), StoppingRules(), self.nan_guard, self.metrics_logger, ProgressBar(),
+            PeriodicEvaluation(), CheckpointSaver(), *callbacks,
         ]
+        self.recipe: dict[str, Any] | None = None
         self.stop_reason: str | None = None
+        self.failed: BaseException | None = None
+        self.last_checkpoint: str | None = None
+        self.resumed_from: str | None = None
+        self.last_eval: tuple[int, dict[str, float]] | None = None
         self.global_step = 0
         self.start_step = 0
         self.start_time = time.perf_counter()
@@ -190,6 +202,12 @@ class BaseTrainer(BaseTrainerProtocol):
         if self.stop_reason is None:
             self.stop_reason = reason
 
+    def fail(self, error: BaseException) -> None:
+        """Stop the loop and raise ``error`` from ``train()`` (no final checkpoint)."""
+        if self.failed is None:
+            self.failed = error
+            self.request_stop(str(error))
+
     def on_step_start(self, state: TrainState, step: int) -> TrainState:
         """Seed hook: override to change the state before step ``step`` runs."""
         return state
@@ -202,6 +220,9 @@ class BaseTrainer(BaseTrainerProtocol):
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
         """Resolve the step horizon and build the training iterator."""
         args = self.arguments
+        rows = len(as_source_or_rows(self._dataset_train))
+        if rows == 0:
+            raise DataError("dataset_train is empty")
         per_epoch = steps_per_epoch(as_source_or_rows(self._dataset_train), args.total_batch_size)
         if per_epoch == 0:
             raise DataError(
@@ -299,7 +320,69 @@ class BaseTrainer(BaseTrainerProtocol):
         # measured once here, outside any mesh context (the CPU fallback runs a matmul)
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)
         self._peak_flops = peak_flops_per_device(args.peak_flops_per_device)
-        return TrainerConfigureFunctionOutput(train, evaluate, mesh, None)
+        checkpointer = Checkpointer.for_run(args.output_dir, save_total_limit=args.save_total_limit,
+                                            keep_best=args.save_best)
+        return TrainerConfigureFunctionOutput(train, evaluate, mesh, checkpointer)
+
+    # ---- checkpoints --------------------------------------------------------------
+    def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
+        from scaletrain import __version__
+
+        return {
+            "scaletrain_version": __version__,
+            "config": self._model.config.to_dict(),
+            "arguments": self.arguments.model_dump(mode="json"),
+            "recipe": self.recipe,
+            "num_params": self._model_state.num_params,
+            "train_rows": len(as_source_or_rows(self._dataset_train)),
+            "mesh": dict(self._mesh.shape),
+        }
+
+    def save_checkpoint(self, state: TrainState) -> str:
+        """Save ``state`` and the data iterator's position (asynchronously)."""
+        step = self.global_step
+        self.fire("pre_checkpoint", step)
+        eval_loss = None
+        if self.last_eval is not None and self.last_eval[0] == step:
+            eval_loss = self.last_eval[1]["eval_loss"]
+        path = self.checkpoint_manager.save(
+            step, state, {"train": self.dataloader_train.get_state()}, self.checkpoint_metadata(state),
+            eval_loss=eval_loss,
+        )
+        self.last_checkpoint = path
+        self.fire("post_checkpoint", step, path)
+        return path
+
+    def maybe_resume(self, state: TrainState) -> TrainState:
+        """Continue from ``resume_from`` or, with ``resume_if_possible``, the newest checkpoint.
+
+        A run never starts fresh on top of another run's checkpoints: if
+        ``output_dir`` already holds some and resuming is off, that is an error.
+        """
+        args = self.arguments
+        own = self.checkpoint_manager
+        if args.resume_from:
+            directory, step = resolve_checkpoint(args.resume_from)
+            source = own if os.path.abspath(directory) == own.directory else Checkpointer(directory)
+        elif args.resume_if_possible and own.latest_step() is not None:
+            source, step = own, own.latest_step()
+        else:
+            if own.all_steps():
+                raise CheckpointError(
+                    f"{own.directory} already holds checkpoints {own.all_steps()}; set "
+                    "training.resume_if_possible=true to continue that run, or choose a new training.output_dir"
+                )
+            return state
+        state, data_state, meta = source.restore(step, state)
+        if "train" in data_state:
+            self.dataloader_train.set_state(data_state["train"])
+        if meta.get("train_rows") not in (None, len(as_source_or_rows(self._dataset_train))):
+            logger.warning("resuming with a different training set (%s rows, checkpoint had %s): the data "
+                           "order will not match the original run", len(as_source_or_rows(self._dataset_train)),
+                           meta.get("train_rows"))
+        self.resumed_from = source.path(step)
+        logger.info("resumed from %s (step %d)", self.resumed_from, step)
+        return state
 
     # ---- helpers used by callbacks ---------------------------------------------------
     def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -324,8 +407,15 @@ class BaseTrainer(BaseTrainerProtocol):
 
     def _open_writers(self) -> list[Any]:
         if not self._writers:
-            out = self.arguments.ensure_output_dir()
+            from scaletrain.training.loggers import TensorBoardWriter, WandbWriter
+
+            a = self.arguments
+            out = a.ensure_output_dir()
             self._writers.append(JsonlWriter(os.path.join(out, "metrics.jsonl")))
+            if "tensorboard" in a.report_to:
+                self._writers.append(TensorBoardWriter(out))
+            if "wandb" in a.report_to:
+                self._writers.append(WandbWriter(out, a.wandb_project, a.model_dump(mode="json")))
         return self._writers
 
     def close(self) -> None:
@@ -350,11 +440,39 @@ class Trainer(BaseTrainer):
 
     def train(self) -> TrainerOutput:
         args = self.arguments
-        state = self._model_state
+        state = self.maybe_resume(self._model_state)
         self.global_step = self.start_step = int(jax.device_get(state.step))
+        self.current_state = state
         self.start_time = time.perf_counter()
         self.print_plan()
         self.fire("pre_train", state)
+        try:
+            state = self._loop(state)
+        except BaseException:
+            self._teardown(state)
+            raise
+        self._model_state = self.current_state = state
+        if self.failed is not None:
+            self._teardown(state)
+            raise self.failed
+        if args.save_at_end:
+            self.save_checkpoint(state)
+        reached_horizon = self.global_step >= self.max_training_steps
+        if reached_horizon and args.do_eval and self._dataset_eval is not None:
+            if self.last_eval is None or self.last_eval[0] != self.global_step:
+                results = self.evaluate(state)
+                self.checkpoint_manager.record_eval(self.global_step, results["eval_loss"])
+        self._teardown(state)
+        self.write_summary(state)
+        logger.info("stopped: %s", self.stop_reason)
+        return TrainerOutput(
+            state=state,
+            mesh=self._mesh,
+            checkpoint_path=self.last_checkpoint,
+            last_save_file_name=None if self.last_checkpoint is None else os.path.basename(self.last_checkpoint),
+        )
+
+    def _loop(self, state: TrainState) -> TrainState:
         epoch = None
         with jax.set_mesh(self._mesh):
             while self.stop_reason is None and self.global_step < self.max_training_steps:
@@ -379,15 +497,17 @@ class Trainer(BaseTrainer):
                 self.fire("post_step", step, StepOutput(metrics))
             if epoch is not None:
                 self.fire("post_epoch", epoch)
-            if self.stop_reason is None:
-                self.request_stop(f"reached the training horizon of {self.max_training_steps} steps")
-            self._model_state = state
-            if args.do_eval and self._dataset_eval is not None:
-                self.evaluate(state)
-        self.fire("post_train", state)
-        self.write_summary(state)
-        self.close()
-        return TrainerOutput(state=state, mesh=self._mesh, checkpoint_path=None, last_save_file_name=None)
+        if self.stop_reason is None:
+            self.request_stop(f"reached the training horizon of {self.max_training_steps} steps")
+        return state
+
+    def _teardown(self, state: TrainState) -> None:
+        """Finish pending checkpoint writes and close loggers, whatever ended the run."""
+        try:
+            self.fire("post_train", state)
+        finally:
+            self.checkpoint_manager.wait()
+            self.close()
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_batches(self) -> Iterator[dict[str, jax.Array]]:
@@ -422,6 +542,7 @@ class Trainer(BaseTrainer):
         results = self._eval_summary(total)
         if metric_calculator is not None:
             results.update(metric_calculator(state, results))
+        self.last_eval = (self.global_step, results)
         self.fire("post_evaluate", self.global_step, results)
         return results
 
@@ -490,6 +611,9 @@ class Trainer(BaseTrainer):
             "num_params": self._model_state.num_params,
             "params_sha256": params_sha256(state.params),
             "elapsed_s": time.perf_counter() - self.start_time,
+            "checkpoint": self.last_checkpoint,
+            "resumed_from": self.resumed_from,
+            "skipped_nonfinite_steps": self.nan_guard.skipped_count(),
         }
         if self.is_main_process:
             path = os.path.join(self.arguments.ensure_output_dir(), "summary.json")

@@ -1,0 +1,113 @@
+"""Stopping rules as callbacks (seeds 002 and 004), and the NaN guard.
+
+Each rule asks the loop to stop with a reason; the trainer then saves a
+checkpoint and writes the reason to summary.json, so resuming continues exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from scaletrain.errors import ScaletrainError
+from scaletrain.training.callbacks import Callback, StepOutput
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scaletrain.training.trainer import BaseTrainer
+
+logger = logging.getLogger("scaletrain")
+
+
+class NonFiniteLossError(ScaletrainError):
+    """A step produced a non-finite loss or gradient and ``break_on_nan`` is set."""
+
+
+class StoppingRules(Callback):
+    """``exit_iteration``, ``exit_iteration_this_run``, kill switch, time limit, SIGTERM/SIGINT."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+        self._signal: str | None = None
+
+    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+        self._signal = None
+        self._deadline = (
+            None if trainer.arguments.time_limit_seconds is None
+            else time.monotonic() + trainer.arguments.time_limit_seconds
+        )
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._check(trainer, trainer.global_step)  # a resumed run may already be past a limit
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signal = signal.Signals(signum).name
+
+    def post_train(self, trainer: BaseTrainer, state: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        self._check(trainer, step)
+
+    def _check(self, trainer: BaseTrainer, step: int) -> None:
+        a = trainer.arguments
+        if self._signal is not None:
+            trainer.request_stop(f"received {self._signal} at step {step}")
+        elif a.exit_iteration is not None and step >= a.exit_iteration:
+            trainer.request_stop(f"reached exit_iteration {a.exit_iteration}")
+        elif a.exit_iteration_this_run is not None and step - trainer.start_step >= a.exit_iteration_this_run:
+            trainer.request_stop(f"reached exit_iteration_this_run {a.exit_iteration_this_run} (step {step})")
+        elif a.kill_switch_path and os.path.exists(a.kill_switch_path):
+            trainer.request_stop(f"found kill switch {a.kill_switch_path} at step {step}")
+        elif self._deadline is not None and time.monotonic() >= self._deadline:
+            trainer.request_stop(f"reached training_time_limit {a.training_time_limit} at step {step}")
+
+
+class NanGuard(Callback):
+    """Watch ``nonfinite`` from the step (whose update was already withheld on device).
+
+    ``break_on_nan``: stop the run with an error naming the step (checked one step
+    late, so the host never waits for the step it just launched). Otherwise count
+    the skipped updates on device and report the count at log steps.
+    """
+
+    def __init__(self) -> None:
+        self._pending: tuple[int, StepOutput] | None = None
+        self.skipped: Any = 0.0
+
+    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+        self._pending = None
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        if trainer.arguments.break_on_nan:
+            self._check_pending(trainer)
+            self._pending = (step, metrics)
+        else:
+            self.skipped = self.skipped + metrics.device("nonfinite")
+
+    def _check_pending(self, trainer: BaseTrainer) -> None:
+        if self._pending is not None:
+            step, metrics = self._pending
+            self._pending = None
+            if metrics.host()["nonfinite"]:
+                trainer.fail(NonFiniteLossError(
+                    f"non-finite loss or gradient at step {step}; the update was not applied and nothing "
+                    "after the last checkpoint was saved (set training.break_on_nan=false to skip such "
+                    "updates instead)"
+                ))
+
+    def post_epoch(self, trainer: BaseTrainer, epoch: int) -> None:
+        if trainer.arguments.break_on_nan:
+            self._check_pending(trainer)
+
+    def skipped_count(self) -> int:
+        import jax
+
+        return int(jax.device_get(self.skipped))
