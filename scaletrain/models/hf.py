@@ -476,8 +476,6 @@ def save_hf_checkpoint(
     """
     from safetensors.numpy import save_file
 
-    import scaletrain
-
     out_dir = os.path.abspath(os.fspath(out_dir))
     _check_destination(out_dir)
     config: LlamaConfig = model.config
@@ -507,26 +505,37 @@ def save_hf_checkpoint(
             if writer:
                 save_file(arrays, os.path.join(tmp, fname), metadata={"format": "pt"})
             del arrays
-        if not writer:
-            return out_dir
-        if len(shards) > 1:
-            total = sum(n for _, n in entries)
-            with open(os.path.join(tmp, INDEX_FILE), "w") as f:
-                json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
-        hf_config.save_pretrained(tmp)
-        _generation_config(config).save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        files = sorted(os.listdir(tmp))
-        with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
-            json.dump({"exported_by": "scaletrain", "version": scaletrain.__version__, "files": files}, f, indent=2)
-        _replace_dir(tmp, out_dir)
+        if writer:
+            _finish_export(tmp, out_dir, config, tokenizer, hf_config, weight_map if len(shards) > 1 else None,
+                           sum(n for _, n in entries))
     except BaseException:
         if writer:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if jax.process_count() > 1:  # nobody reads the export before process 0 has moved it into place
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"scaletrain-hf-export:{out_dir}")
     logger.info("exported %s (%d tensor(s) in %d file(s)) to %s", config.model_type, len(tensors), len(shards), out_dir)
     return out_dir
+
+
+def _finish_export(tmp: str, out_dir: str, config: LlamaConfig, tokenizer: Any, hf_config: Any,
+                   weight_map: dict[str, str] | None, total_size: int) -> None:
+    """Index, configs, tokenizer and marker into ``tmp``, then move it to ``out_dir``."""
+    import scaletrain
+
+    if weight_map is not None:
+        with open(os.path.join(tmp, INDEX_FILE), "w") as f:
+            json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+    hf_config.save_pretrained(tmp)
+    _generation_config(config).save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    files = sorted(os.listdir(tmp))
+    with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
+        json.dump({"exported_by": "scaletrain", "version": scaletrain.__version__, "files": files}, f, indent=2)
+    _replace_dir(tmp, out_dir)
 
 
 def _generation_config(config: LlamaConfig) -> Any:
