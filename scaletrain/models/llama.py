@@ -13,7 +13,7 @@ own segment; 0 marks padding) and per-document ``positions`` for RoPE.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -132,6 +132,30 @@ def build_attention_mask(
     return mask[:, None]
 
 
+class KVCache(NamedTuple):
+    """One layer's keys and values, [B, S, kv_heads, head_dim], for S fixed cache slots."""
+
+    keys: Array
+    values: Array
+
+
+def build_cache_mask(start: Array, num_queries: int, kv_valid: Array, sliding_window: int | None) -> Array:
+    """Boolean [B, 1, T, S] mask for queries at cache slots ``start + arange(T)``.
+
+    ``kv_valid`` [B, S] marks slots holding a real token (prompt padding and
+    not-yet-written slots are False). Prompts are left-padded, so slot distance
+    equals position distance between real tokens and the window can use slots.
+    """
+    q_slot = start + jnp.arange(num_queries)
+    k_slot = jnp.arange(kv_valid.shape[1])
+    mask = (k_slot[None, :] <= q_slot[:, None])[None] & kv_valid[:, None, :].astype(bool)
+    if sliding_window is not None:
+        mask = mask & ((q_slot[:, None] - k_slot[None, :]) < sliding_window)[None]
+    # a padding query would see no key at all (NaN softmax): let it see itself
+    mask = mask | (k_slot[None, :] == q_slot[:, None])[None]
+    return mask[:, None]
+
+
 class Attention(nnx.Module):
     """Grouped-query attention with RoPE."""
 
@@ -159,6 +183,26 @@ class Attention(nnx.Module):
         out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+
+    def call_with_cache(
+        self, x: Array, positions: Array, mask: Array, inv_freq: Array, cache: KVCache, start: Array
+    ) -> tuple[Array, KVCache]:
+        """Attend from ``x`` (cache slots ``[start, start + T)``) over the whole cache.
+
+        The new keys and values are written into the fixed-size cache first, so the
+        same compiled step serves every position; ``mask`` [B, 1, T, S] hides the
+        slots that are empty, padding, in the future or outside the window.
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), start, axis=1)
+        values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), start, axis=1)
+        out = dot_product_attention(q, keys, values, mask, self.softmax_dtype, self.precision)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), KVCache(keys, values)
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any) -> Array:
@@ -201,6 +245,16 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array) -> Array:
         x = x + self.self_attn(self.input_layernorm(x), positions, mask, inv_freq)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def call_with_cache(
+        self, x: Array, positions: Array, mask: Array, inv_freq: Array, cache: KVCache, start: Array
+    ) -> tuple[Array, KVCache]:
+        """The block's forward for decoding: same maths, keys/values kept in ``cache``."""
+        attn, cache = self.self_attn.call_with_cache(
+            self.input_layernorm(x), positions, mask, inv_freq, cache, start
+        )
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
 _REMAT_POLICIES = {
@@ -334,6 +388,53 @@ class LlamaForCausalLM(nnx.Module):
         attention_mask: Array | None = None,
     ) -> Array:
         return self.compute_logits(self.hidden_states(input_ids, positions, segment_ids, attention_mask))
+
+    # -- incremental decoding ---------------------------------------------------
+    def init_cache(self, batch_size: int, max_length: int, dtype: Any = None) -> list[KVCache]:
+        """Empty per-layer key/value caches of ``max_length`` slots (compute dtype by default)."""
+        cfg = self.config
+        shape = (batch_size, max_length, cfg.num_key_value_heads, cfg.head_dim)
+        dtype = self.dtype if dtype is None else dtype
+        return [KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
+
+    def forward_with_cache(
+        self,
+        input_ids: Array,
+        positions: Array,
+        cache: list[KVCache],
+        start: Array,
+        kv_valid: Array,
+    ) -> tuple[Array, list[KVCache]]:
+        """Final-norm hidden states [B, T, hidden] of tokens written at cache slots ``[start, start+T)``.
+
+        Used by :func:`scaletrain.generation.generate` for the prefill (T = prompt
+        length) and each decode step (T = 1). ``kv_valid`` [B, S] must already mark
+        the new tokens' slots. Kept apart from ``__call__`` so the training forward
+        stays exactly as it is; :func:`build_cache_mask` gives the same attention
+        pattern as :func:`build_attention_mask` for left-padded rows.
+        """
+        mask = build_cache_mask(start, input_ids.shape[1], kv_valid, effective_sliding_window(self.config))
+        inv_freq = rope_inv_freq(self.config)
+        x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        new_cache = []
+        for layer, layer_cache in zip(self.model.layers, cache, strict=True):
+            x, layer_cache = layer.call_with_cache(x, positions, mask, inv_freq, layer_cache, start)
+            new_cache.append(layer_cache)
+        return self.model.norm(x), new_cache
+
+    # -- Hugging Face format ------------------------------------------------------
+    def save_pretrained(self, save_directory: str, tokenizer: Any = None, max_shard_size: int | str = "2GB") -> str:
+        """Write a transformers-loadable folder (config.json, safetensors, tokenizer); returns its path."""
+        from scaletrain.models.hf import save_hf_checkpoint
+
+        return save_hf_checkpoint(self, save_directory, tokenizer=tokenizer, max_shard_size=max_shard_size)
+
+    @classmethod
+    def from_pretrained(cls, local_dir: str, **kwargs: Any) -> LlamaForCausalLM:
+        """Load a local Hugging Face folder of this class's ``model_type`` (see ``load_hf_checkpoint``)."""
+        from scaletrain.models.hf import load_hf_checkpoint
+
+        return load_hf_checkpoint(local_dir, expected_model_type=cls._model_type, **kwargs)
 
 
 
