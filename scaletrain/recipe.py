@@ -62,9 +62,11 @@ class DataSection(BaseModel):
 
 
 class TokenizerSection(BaseModel):
+    """``path``: a local tokenizer folder or ``bundled``; unset = the pretrained model's folder, else bundled."""
+
     model_config = ConfigDict(extra="forbid")
 
-    path: str = "bundled"
+    path: str | None = None
 
 
 class MeshSection(BaseModel):

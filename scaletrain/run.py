@@ -33,11 +33,18 @@ def load_texts(recipe: Recipe) -> list[str]:
     return texts
 
 
-def load_tokenizer(recipe: Recipe) -> Any:
-    from scaletrain.data import bundled_tokenizer_path, load_processor
+def tokenizer_path(recipe: Recipe) -> str:
+    """``tokenizer.path``; unset means the pretrained model's folder, else the bundled tokenizer."""
+    from scaletrain.data import bundled_tokenizer_path
 
-    path = recipe.tokenizer.path
-    return load_processor(bundled_tokenizer_path() if path == "bundled" else path)
+    path = recipe.tokenizer.path or recipe.model.pretrained or "bundled"
+    return bundled_tokenizer_path() if path == "bundled" else path
+
+
+def load_tokenizer(recipe: Recipe) -> Any:
+    from scaletrain.data import load_processor
+
+    return load_processor(tokenizer_path(recipe))
 
 
 def build_model(recipe: Recipe, tokenizer: Any) -> Any:
@@ -45,7 +52,7 @@ def build_model(recipe: Recipe, tokenizer: Any) -> Any:
     from scaletrain.models import create_sharded_model, get_modules_by_type
 
     if recipe.model.pretrained:
-        raise ConfigError("model.pretrained needs Hugging Face import, which this build does not include yet")
+        return load_pretrained(recipe, tokenizer)
     config_class, module_class = get_modules_by_type(recipe.model.type)
     keys = dict(recipe.model.config_overrides)
     vocab = len(tokenizer)
@@ -62,15 +69,46 @@ def build_model(recipe: Recipe, tokenizer: Any) -> Any:
         sharding_axis_names=recipe.mesh.axis_names,
         partition_axis=recipe.mesh.partition_axis,
     )
-    if vocab > config.vocab_size:
-        raise DataError(
-            f"tokenizer {recipe.tokenizer.path!r} has {vocab} tokens but model.vocab_size is "
-            f"{config.vocab_size}; raise model.vocab_size or use another tokenizer"
-        )
+    check_vocab(tokenizer, config.vocab_size, recipe)
     model, _ = create_sharded_model(
         module_class, config, dtype=recipe.training.dtype, param_dtype=recipe.training.param_dtype,
         seed=recipe.training.seed,
     )
+    return model
+
+
+def check_vocab(tokenizer: Any, vocab_size: int, recipe: Recipe) -> None:
+    """A tokenizer with more ids than the embedding table would index past it."""
+    if len(tokenizer) > vocab_size:
+        raise DataError(
+            f"tokenizer {tokenizer_path(recipe)!r} has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{vocab_size}; raise model.vocab_size or use another tokenizer"
+        )
+
+
+def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
+    """The local Hugging Face model of ``model.pretrained``, sharded on the recipe's mesh.
+
+    Keys under ``model`` other than ``type``/``pretrained`` may only change runtime
+    options (remat, attention softmax dtype); architecture keys come from the folder.
+    """
+    from scaletrain.models.hf import load_hf_checkpoint
+
+    runtime = {"gradient_checkpointing", "attn_softmax_dtype", "attn_dtype", "attn_mechanism"}
+    extra = set(recipe.model.config_overrides) - runtime
+    if extra:
+        raise ConfigError(f"model.{sorted(extra)[0]}: architecture keys cannot be changed for a pretrained model "
+                          f"({recipe.model.pretrained}); only {sorted(runtime)} may be set")
+    model = load_hf_checkpoint(
+        recipe.model.pretrained,
+        dtype=recipe.training.dtype,
+        param_dtype=recipe.training.param_dtype,
+        sharding_axis_dims=recipe.mesh.axis_dims,
+        partition_axis=recipe.mesh.partition_axis,
+    )
+    for key, value in recipe.model.config_overrides.items():
+        setattr(model.config, key, value)
+    check_vocab(tokenizer, model.config.vocab_size, recipe)
     return model
 
 
@@ -98,6 +136,7 @@ def run_training(recipe: Recipe) -> dict[str, Any]:
         eval_bytes_per_token=splits.eval_bytes_per_token if has_eval else None,
         tokenizer=tokenizer,
     )
+    trainer.recipe = recipe.to_dict()
     output = trainer.train()
     summary = dict(trainer.summary)
     if recipe.sample.max_new_tokens > 0 and trainer.is_main_process:

@@ -1,0 +1,60 @@
+"""Load a model from a training checkpoint, and export it as a Hugging Face folder.
+
+The checkpoint's metadata carries the model config and the arguments, so the
+exact model and optimizer structure are rebuilt before the restore; nothing else
+about the original run (its data, its recipe file) needs to exist.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from scaletrain.errors import CheckpointError
+
+
+def load_checkpoint_model(path: str, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """``(model, metadata)`` from a run folder, its ``checkpoints`` folder or one step folder."""
+    from scaletrain.arguments import TrainingArguments
+    from scaletrain.models import create_sharded_model, get_modules_by_type
+    from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
+    from scaletrain.training.optim import make_optimizer, make_schedule
+    from scaletrain.training.state import create_train_state
+
+    directory, latest = resolve_checkpoint(path)
+    step = latest if step is None else step
+    checkpointer = Checkpointer(directory)
+    if step not in checkpointer.all_steps():
+        raise CheckpointError(f"no complete checkpoint for step {step} in {directory}; "
+                              f"available: {checkpointer.all_steps()}")
+    meta = checkpointer.read_meta(step)
+    config_dict = dict(meta["config"])
+    config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
+    config = config_class.from_dict(config_dict)
+    args = TrainingArguments(**meta["arguments"])
+    model, mesh = create_sharded_model(module_class, config, dtype=args.dtype, param_dtype=args.param_dtype)
+    tx = make_optimizer(args, make_schedule(args, max(args.max_training_steps or 1, 1)))
+    template = create_train_state(model, tx, mesh, seed=args.seed)
+    state, _, _ = checkpointer.restore(step, template)
+    checkpointer.close()
+    return state.model, meta
+
+
+def tokenizer_for(meta: dict[str, Any]) -> Any | None:
+    """The tokenizer the run used, when its recipe names one that still exists."""
+    from scaletrain.data import bundled_tokenizer_path, load_processor
+
+    recipe = meta.get("recipe") or {}
+    path = (recipe.get("tokenizer") or {}).get("path")
+    pretrained = (recipe.get("model") or {}).get("pretrained")
+    path = path or pretrained or "bundled"
+    path = bundled_tokenizer_path() if path == "bundled" else path
+    return load_processor(path) if os.path.isdir(path) else None
+
+
+def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, max_shard_size: str = "2GB") -> str:
+    """Write checkpoint ``step`` (default: newest) of ``run_dir`` as an HF folder ``out_dir``."""
+    from scaletrain.models.hf import save_hf_checkpoint
+
+    model, meta = load_checkpoint_model(run_dir, step)
+    return save_hf_checkpoint(model, out_dir, tokenizer=tokenizer_for(meta), max_shard_size=max_shard_size)

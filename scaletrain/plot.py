@@ -1,0 +1,56 @@
+"""``scaletrain plot RUN_DIR``: loss, learning rate and throughput against step, as a PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from scaletrain.errors import ConfigError, DataError
+
+
+def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
+    """Train and eval records of ``metrics.jsonl`` (a resumed run's later line for a step wins)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise DataError(f"no metrics.jsonl in {run_dir}")
+    train: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise DataError(f"{path}: line {n} is not JSON") from None
+            (evals if rec.get("split") == "eval" else train)[rec["step"]] = rec
+    return [train[k] for k in sorted(train)], [evals[k] for k in sorted(evals)]
+
+
+def plot_run(run_dir: str, out: str | None = None) -> str:
+    """Draw the run's curves into ``out`` (default ``<run_dir>/metrics.png``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("plotting needs matplotlib: pip install 'scaletrain[plot]'") from None
+    train, evals = read_metrics(run_dir)
+    if not train:
+        raise DataError(f"{run_dir}/metrics.jsonl has no train records")
+    steps = [r["step"] for r in train]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot(steps, [r["loss"] for r in train], label="train")
+    if evals:
+        axes[0].plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval")
+    axes[0].set(title="loss (nats/token)", xlabel="step")
+    axes[0].legend()
+    axes[1].plot(steps, [r["learning_rate"] for r in train])
+    axes[1].set(title="learning rate", xlabel="step")
+    axes[2].plot(steps, [r["tokens_per_s"] for r in train])
+    axes[2].set(title="tokens/s", xlabel="step")
+    fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
+    fig.tight_layout()
+    out = out or os.path.join(run_dir, "metrics.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
