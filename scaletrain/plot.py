@@ -21,7 +21,10 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
                 rec = json.loads(line)
             except ValueError:
                 raise DataError(f"{path}: line {n} is not JSON") from None
-            (evals if rec.get("split") == "eval" else train)[rec["step"]] = rec
+            if rec.get("split") == "eval":
+                evals[rec["step"]] = rec
+            elif rec.get("split") == "train":
+                train[rec["step"]] = rec
     return [train[k] for k in sorted(train)], [evals[k] for k in sorted(evals)]
 
 

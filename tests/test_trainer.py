@@ -133,3 +133,31 @@ def test_arguments_name_bad_keys():
         st.TrainingArguments.from_dict({"total_batch_size": "many"})
     with pytest.raises(ConfigError, match="divisible"):
         st.TrainingArguments.from_dict({"total_batch_size": 8, "gradient_accumulation_steps": 3})
+
+
+def test_grad_norms_weight_stats_and_memory_are_logged(tmp_path, tiny_config_kwargs):
+    trainer = _trainer(tmp_path, tiny_config_kwargs, max_training_steps=4, log_grad_norms=True,
+                       log_weight_stats=True, do_eval=False)
+    trainer.train()
+    rec = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert {"grad_norm/embed_tokens", "grad_norm/layer_0", "grad_norm/layer_1", "grad_norm/norm"} <= rec.keys()
+    assert "weight_norm/lm_head" in rec and rec["host_peak_rss_mb"] > 0
+    # the per-group norms compose the global norm
+    total = math.sqrt(sum(v * v for k, v in rec.items() if k.startswith("grad_norm/")))
+    assert total == pytest.approx(rec["grad_norm"], rel=1e-4)
+
+
+def test_preview_generation_is_logged(tmp_path, tiny_config_kwargs):
+    from scaletrain.data import bundled_tokenizer_path, load_processor
+
+    tok = load_processor(bundled_tokenizer_path())
+    kw = {**tiny_config_kwargs, "vocab_size": 4096}
+    cfg = LlamaConfig(**kw)
+    model, _ = create_sharded_model(LlamaForCausalLM, cfg)
+    args = st.TrainingArguments(output_dir=str(tmp_path), total_batch_size=8, max_length=16, num_train_epochs=None,
+                                max_training_steps=2, generate_steps=2, generate_prompts=("ROMEO.",),
+                                generate_max_new_tokens=5, progress_bar=False, do_eval=False, report_to=())
+    st.Trainer(args, model=model, dataset_train=_data(vocab=4096), tokenizer=tok).train()
+    samples = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    samples = [r for r in samples if r["split"] == "sample"]
+    assert len(samples) == 1 and samples[0]["text"].startswith("ROMEO.") and samples[0]["step"] == 2

@@ -115,6 +115,8 @@ class MetricsLogger(Callback):
         }
         if trainer.arguments.z_loss:
             record["z_loss"] = values["z_loss"]
+        record.update({k: v for k, v in values.items() if k.startswith(("grad_norm/", "weight_norm/"))})
+        record.update(memory_stats())
         self.last_train = record
         trainer.write_metrics(record)
 
@@ -127,6 +129,39 @@ class MetricsLogger(Callback):
         if not self.throughputs:
             return {}
         return {k: statistics.median(p[k] for p in self.throughputs) for k in self.throughputs[0]}
+
+
+def memory_stats() -> dict[str, float]:
+    """Device memory where the backend reports it, and the host's peak RSS."""
+    import resource
+
+    import jax
+
+    out = {"host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    stats = jax.local_devices()[0].memory_stats() or {}
+    for key in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"):
+        if key in stats:
+            out[f"device_{key}"] = float(stats[key])
+    return out
+
+
+class PreviewGeneration(Callback):
+    """Every ``generate_steps`` steps, continue ``generate_prompts`` and log the text."""
+
+    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+        a = trainer.arguments
+        if not a.generate_steps or step % a.generate_steps or trainer.tokenizer is None:
+            return
+        from scaletrain.generation import generate
+
+        tok = trainer.tokenizer
+        model = trainer.current_state.model
+        for prompt in a.generate_prompts:
+            ids = tok(prompt)["input_ids"] or [tok.eos_token_id]
+            new = generate(model, [ids], max_new_tokens=a.generate_max_new_tokens, temperature=0.8, top_k=40,
+                           seed=step)
+            text = prompt + tok.decode(new[0].tolist(), skip_special_tokens=True)
+            trainer.write_metrics({"step": step, "split": "sample", "prompt": prompt, "text": text})
 
 
 class ProgressBar(Callback):

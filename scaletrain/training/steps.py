@@ -44,6 +44,19 @@ def split_microbatches(batch: Batch, num: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def group_norms(tree: Any, prefix: str) -> dict[str, jax.Array]:
+    """L2 norm per parameter group: the embedding, each decoder layer, the final norm, the head."""
+    groups: dict[str, list[jax.Array]] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        if len(keys) >= 3 and keys[0] == "model" and keys[1] == "layers":
+            name = f"layer_{keys[2]}"
+        else:
+            name = keys[1] if keys[0] == "model" and len(keys) > 1 else keys[0]
+        groups.setdefault(name, []).append(jnp.sum(jnp.square(leaf.astype(jnp.float32))))
+    return {f"{prefix}/{k}": jnp.sqrt(sum(v)) for k, v in groups.items()}
+
+
 def _sum_tree(a: Any, b: Any) -> Any:
     return jax.tree.map(jnp.add, a, b)
 
@@ -56,6 +69,8 @@ def train_step(
     gradient_accumulation_steps: int = 1,
     z_loss: float = 0.0,
     guard_nonfinite: bool = True,
+    log_grad_norms: bool = False,
+    log_weight_stats: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update from ``batch`` (the whole global batch).
 
@@ -102,6 +117,10 @@ def train_step(
         "grad_norm": grad_norm,
         "nonfinite": 1.0 - finite.astype(jnp.float32),
     }
+    if log_grad_norms:
+        metrics.update(group_norms(grads, "grad_norm"))
+    if log_weight_stats:
+        metrics.update(group_norms(params, "weight_norm"))
     return new_state, metrics
 
 
@@ -127,11 +146,14 @@ def make_step_functions(
     gradient_accumulation_steps: int,
     z_loss: float,
     guard_nonfinite: bool = True,
+    log_grad_norms: bool = False,
+    log_weight_stats: bool = False,
 ) -> tuple[Callable, Callable]:
     """Jit the steps with explicit in/out shardings; the train state is donated."""
     train = jax.jit(
         functools.partial(train_step, tx=tx, gradient_accumulation_steps=gradient_accumulation_steps, z_loss=z_loss,
-                          guard_nonfinite=guard_nonfinite),
+                          guard_nonfinite=guard_nonfinite, log_grad_norms=log_grad_norms,
+                          log_weight_stats=log_weight_stats),
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=(state_sharding, replicated),
         donate_argnums=(0,),

@@ -35,6 +35,7 @@ from scaletrain.training.callbacks import (
     JsonlWriter,
     MetricsLogger,
     PeriodicEvaluation,
+    PreviewGeneration,
     ProgressBar,
     StepOutput,
     TrainingHorizon,
@@ -116,7 +117,7 @@ class BaseTrainer(BaseTrainerProtocol):
         # order matters: stop rules first, then logging, evaluation, and saving last
         self.callbacks: list[Callback] = [
             TrainingHorizon(), StoppingRules(), self.nan_guard, self.metrics_logger, ProgressBar(),
-            PeriodicEvaluation(), CheckpointSaver(), *callbacks,
+            PeriodicEvaluation(), CheckpointSaver(), PreviewGeneration(), *callbacks,
         ]
         self.recipe: dict[str, Any] | None = None
         self.stop_reason: str | None = None
@@ -316,6 +317,8 @@ class BaseTrainer(BaseTrainerProtocol):
             replicated,
             args.gradient_accumulation_steps,
             args.z_loss,
+            log_grad_norms=args.log_grad_norms,
+            log_weight_stats=args.log_weight_stats,
         )
         # measured once here, outside any mesh context (the CPU fallback runs a matmul)
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)
