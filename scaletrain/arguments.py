@@ -44,6 +44,7 @@ class TrainingArguments(BaseModel):
     weight_decay: float = 0.0
     clip_grad: float | None = 1.0
     z_loss: float = 0.0
+    loss_chunk_size: int | Literal["auto"] | None = "auto"
     # precision
     dtype: str = "float32"
     param_dtype: str = "float32"

@@ -25,7 +25,7 @@ def _batch(rows=8, length=16, vocab=128, seed=0):
     return {"input_ids": ids, "segment_ids": seg, "positions": pos}
 
 
-def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1):
+def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_chunk_size=None):
     cfg = LlamaConfig(**kw, sharding_axis_dims=dims)
     mesh = create_mesh(dims, devices=devices)
     model, mesh = create_sharded_model(LlamaForCausalLM, cfg, mesh=mesh, seed=3)
@@ -35,7 +35,8 @@ def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1):
     state = create_train_state(model, tx, mesh)
     batch_sharding = NamedSharding(mesh, PartitionSpec(("dp", "fsdp"), "sp"))
     train, _ = make_step_functions(tx, state_shardings(state), batch_sharding,
-                                   NamedSharding(mesh, PartitionSpec()), grad_accum, 0.0)
+                                   NamedSharding(mesh, PartitionSpec()), grad_accum, 0.0,
+                                   loss_chunk_size=loss_chunk_size)
     batch = batch if batch is not None else _batch()
     with jax.set_mesh(mesh):
         for _ in range(steps):
@@ -97,3 +98,14 @@ def test_indivisible_dims_are_replicated():
     assert logical_to_spec(("embed", "kv_heads"), (32, 6), pa, mesh) == PartitionSpec("fsdp", None)
     assert logical_to_spec(("vocab", "embed"), (128, 32), pa, mesh) == PartitionSpec("tp", "fsdp")
     assert logical_to_spec(("norm",), (32,), pa, mesh) == PartitionSpec(None)
+
+
+def test_chunked_loss_step_matches(tiny_config_kwargs):
+    dims = (1, 2, 1, 4, 1)
+    plain, m1 = _one_step(tiny_config_kwargs, dims, steps=2)
+    chunked, m2 = _one_step(tiny_config_kwargs, dims, steps=2, loss_chunk_size=4)
+    np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5),
+        jax.device_get(chunked.params), jax.device_get(plain.params),
+    )

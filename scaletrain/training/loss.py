@@ -7,7 +7,7 @@ one big batch, whatever the padding in each micro-batch.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,3 +51,48 @@ def cross_entropy_sums(logits: Array, input_ids: Array, mask: Array) -> LossSums
         correct=jnp.sum(correct * mask),
         tokens=jnp.sum(mask),
     )
+
+
+def chunked_cross_entropy_sums(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any,
+                               chunk_size: int, precision: Any = None) -> LossSums:
+    """The same sums as :func:`cross_entropy_sums`, without ``[B, T, V]`` float32 logits.
+
+    The sequence is cut into chunks of ``chunk_size`` positions; each chunk's logits
+    are computed, reduced and dropped inside a ``lax.scan``, and rematerialised in
+    the backward pass (``jax.checkpoint``). Peak memory for the logits falls from
+    ``B*T*V`` to ``B*chunk_size*V`` floats at the cost of one extra head matmul.
+    """
+    b, t, h = hidden.shape
+    n = t - 1
+    chunks = -(-n // chunk_size)
+    pad = chunks * chunk_size - n
+    hs = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
+    ts = jnp.pad(input_ids[:, 1:], ((0, 0), (0, pad)))
+    ms = jnp.pad(mask, ((0, 0), (0, pad)))
+    hs = jnp.moveaxis(hs.reshape(b, chunks, chunk_size, h), 1, 0)
+    ts = jnp.moveaxis(ts.reshape(b, chunks, chunk_size), 1, 0)
+    ms = jnp.moveaxis(ms.reshape(b, chunks, chunk_size), 1, 0)
+    w = kernel.astype(dtype)
+
+    @jax.checkpoint
+    def one(h_c: Array, t_c: Array, m_c: Array) -> LossSums:
+        logits = jnp.dot(h_c.astype(dtype), w, precision=precision).astype(jnp.float32)
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        nll = log_z - jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+        correct = (jnp.argmax(logits, axis=-1) == t_c).astype(jnp.float32)
+        return LossSums(jnp.sum(nll * m_c), jnp.sum(jnp.square(log_z) * m_c), jnp.sum(correct * m_c),
+                        jnp.sum(m_c))
+
+    def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
+        return LossSums(*(a + b for a, b in zip(carry, one(*xs)))), None
+
+    zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
+    sums, _ = jax.lax.scan(body, zeros, (hs, ts, ms))
+    return sums
+
+
+def resolve_chunk_size(setting: Any, vocab_size: int, seq_len: int) -> int | None:
+    """``auto``: chunk when the vocabulary is large (>= 32k), else compute logits whole."""
+    if setting == "auto":
+        return 512 if vocab_size >= 32768 and seq_len > 512 else None
+    return setting

@@ -17,17 +17,20 @@ import optax
 from flax import nnx
 from jax import lax
 
-from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
+from scaletrain.training.loss import LossSums, chunked_cross_entropy_sums, cross_entropy_sums, target_mask
 from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 
 
-def _forward_sums(graphdef: Any, params: Any, batch: Batch) -> LossSums:
+def _forward_sums(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | None = None) -> LossSums:
     model = nnx.merge(graphdef, params)
-    logits = model(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
     mask = target_mask(batch["input_ids"], batch.get("segment_ids"), batch.get("loss_mask"))
-    return cross_entropy_sums(logits, batch["input_ids"], mask)
+    hidden = model.hidden_states(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
+    if loss_chunk_size:
+        return chunked_cross_entropy_sums(hidden, model.lm_head_kernel(), batch["input_ids"], mask, model.dtype,
+                                          loss_chunk_size, model.precision)
+    return cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
 
 
 def split_microbatches(batch: Batch, num: int) -> Batch:
@@ -71,6 +74,7 @@ def train_step(
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
+    loss_chunk_size: int | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update from ``batch`` (the whole global batch).
 
@@ -81,7 +85,7 @@ def train_step(
     """
 
     def objective(params: Any, micro: Batch) -> tuple[jax.Array, LossSums]:
-        sums = _forward_sums(state.graphdef, params, micro)
+        sums = _forward_sums(state.graphdef, params, micro, loss_chunk_size)
         return sums.loss + z_loss * sums.z_loss, sums
 
     grad_fn = jax.grad(objective, has_aux=True)
@@ -124,15 +128,16 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *, gradient_accumulation_steps: int = 1) -> LossSums:
+def eval_step(state: TrainState, batch: Batch, *, gradient_accumulation_steps: int = 1,
+              loss_chunk_size: int | None = None) -> LossSums:
     """Loss sums for ``batch`` (no update), in micro-batches like the train step."""
     if gradient_accumulation_steps == 1:
-        return _forward_sums(state.graphdef, state.params, batch)
+        return _forward_sums(state.graphdef, state.params, batch, loss_chunk_size)
     micro = split_microbatches(batch, gradient_accumulation_steps)
     zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
 
     def body(carry: LossSums, mb: Batch) -> tuple[LossSums, None]:
-        return _sum_tree(carry, _forward_sums(state.graphdef, state.params, mb)), None
+        return _sum_tree(carry, _forward_sums(state.graphdef, state.params, mb, loss_chunk_size)), None
 
     sums, _ = lax.scan(body, zeros, micro)
     return sums
@@ -148,18 +153,20 @@ def make_step_functions(
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
+    loss_chunk_size: int | None = None,
 ) -> tuple[Callable, Callable]:
     """Jit the steps with explicit in/out shardings; the train state is donated."""
     train = jax.jit(
         functools.partial(train_step, tx=tx, gradient_accumulation_steps=gradient_accumulation_steps, z_loss=z_loss,
                           guard_nonfinite=guard_nonfinite, log_grad_norms=log_grad_norms,
-                          log_weight_stats=log_weight_stats),
+                          log_weight_stats=log_weight_stats, loss_chunk_size=loss_chunk_size),
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=(state_sharding, replicated),
         donate_argnums=(0,),
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, gradient_accumulation_steps=gradient_accumulation_steps),
+        functools.partial(eval_step, gradient_accumulation_steps=gradient_accumulation_steps,
+                          loss_chunk_size=loss_chunk_size),
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=replicated,
     )

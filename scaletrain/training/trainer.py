@@ -42,7 +42,7 @@ from scaletrain.training.callbacks import (
 )
 from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
 from scaletrain.training.stopping import NanGuard, StoppingRules
-from scaletrain.training.loss import LossSums
+from scaletrain.training.loss import LossSums, resolve_chunk_size
 from scaletrain.training.metrics import peak_flops_per_device, throughput
 from scaletrain.training.optim import make_optimizer, make_schedule, resolved_learning_rate_end
 from scaletrain.training.protocol import (
@@ -319,6 +319,7 @@ class BaseTrainer(BaseTrainerProtocol):
             args.z_loss,
             log_grad_norms=args.log_grad_norms,
             log_weight_stats=args.log_weight_stats,
+            loss_chunk_size=resolve_chunk_size(args.loss_chunk_size, self._model.config.vocab_size, args.max_length),
         )
         # measured once here, outside any mesh context (the CPU fallback runs a matmul)
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)
