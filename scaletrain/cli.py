@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from scaletrain import __version__
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging() -> None:
+    # transformers advises at import that torch is missing; scaletrain never needs it
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     for noisy in ("jax._src.xla_bridge", "absl", "orbax", "jax._src.distributed"):
