@@ -4,6 +4,7 @@ Importing this package is cheap: grain, jax, pyarrow, datasets and transformers 
 imported inside the functions that need them.
 """
 
+from scaletrain.data.build import build_datasets
 from scaletrain.data.chat import ChatEncoder, build_chat_splits, encode_chat
 from scaletrain.data.collate import collate
 from scaletrain.data.corpus import (
@@ -28,6 +29,7 @@ __all__ = [
     "ROLES",
     "SourceRow",
     "build_chat_splits",
+    "build_datasets",
     "build_lm_splits",
     "bundled_corpus_names",
     "bundled_tokenizer_path",
