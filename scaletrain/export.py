@@ -42,13 +42,12 @@ def load_checkpoint_model(path: str, step: int | None = None) -> tuple[Any, dict
 
 def tokenizer_for(meta: dict[str, Any]) -> Any | None:
     """The tokenizer the run used, when its recipe names one that still exists."""
-    from scaletrain.data import bundled_tokenizer_path, load_processor
+    from scaletrain.data import load_processor, resolve_tokenizer_path
 
     recipe = meta.get("recipe") or {}
     path = (recipe.get("tokenizer") or {}).get("path")
     pretrained = (recipe.get("model") or {}).get("pretrained")
-    path = path or pretrained or "bundled"
-    path = bundled_tokenizer_path() if path == "bundled" else path
+    path = resolve_tokenizer_path(path or pretrained or "bundled")
     return load_processor(path) if os.path.isdir(path) else None
 
 

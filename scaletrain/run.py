@@ -17,28 +17,25 @@ from scaletrain.recipe import Recipe
 logger = logging.getLogger("scaletrain")
 
 
-def load_texts(recipe: Recipe) -> list[str]:
-    """Documents named by ``data.source``: ``bundled:NAME`` or a file glob."""
-    from scaletrain.data import load_bundled_corpus, read_text_files
+def load_datasets(recipe: Recipe, tokenizer: Any) -> Any:
+    """Packed train/eval rows for ``data`` (pre-training text or chat), see scaletrain.data.build."""
+    from scaletrain.data.build import build_datasets
 
-    source = recipe.data.source
-    if source.startswith("bundled:"):
-        texts = load_bundled_corpus(source.split(":", 1)[1])
-    else:
-        texts = read_text_files(source, per_line=recipe.data.per_line)
-    if recipe.data.max_documents is not None:
-        texts = texts[: recipe.data.max_documents]
-    if not texts:
-        raise DataError(f"data.source {source!r} gave no documents")
-    return texts
+    args = recipe.training
+    splits = build_datasets(recipe.data, tokenizer, max_length=args.max_length, seed=args.seed,
+                            truncation_mode=args.truncation_mode)
+    logger.info("data: %s", json.dumps(splits.stats, default=float))
+    with open(os.path.join(args.ensure_output_dir(), "data_stats.json"), "w") as f:
+        json.dump(splits.stats, f, indent=2, sort_keys=True, default=float)
+    return splits
 
 
 def tokenizer_path(recipe: Recipe) -> str:
-    """``tokenizer.path``; unset means the pretrained model's folder, else the bundled tokenizer."""
-    from scaletrain.data import bundled_tokenizer_path
+    """``tokenizer.path`` as a folder (``bundled``, ``prepared:NAME`` or a path); unset means the
+    pretrained model's folder, else the bundled tokenizer."""
+    from scaletrain.data.prepared import resolve_tokenizer_path
 
-    path = recipe.tokenizer.path or recipe.model.pretrained or "bundled"
-    return bundled_tokenizer_path() if path == "bundled" else path
+    return resolve_tokenizer_path(recipe.tokenizer.path or recipe.model.pretrained or "bundled")
 
 
 def load_tokenizer(recipe: Recipe) -> Any:
@@ -114,7 +111,6 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
 
 def run_training(recipe: Recipe) -> dict[str, Any]:
     """Train as the recipe says; returns the summary written to ``summary.json``."""
-    from scaletrain.data import build_lm_splits
     from scaletrain.training.trainer import Trainer
 
     args = recipe.training
@@ -122,18 +118,15 @@ def run_training(recipe: Recipe) -> dict[str, Any]:
     with open(os.path.join(out, "recipe.yaml"), "w") as f:
         f.write(recipe.to_yaml())
     tokenizer = load_tokenizer(recipe)
-    texts = load_texts(recipe)
-    splits = build_lm_splits(texts, tokenizer, args.max_length, eval_fraction=recipe.data.eval_fraction,
-                             seed=args.seed)
-    logger.info("data: %s", json.dumps(splits.stats, default=float))
+    splits = load_datasets(recipe, tokenizer)
     model = build_model(recipe, tokenizer)
-    has_eval = recipe.data.eval_fraction > 0 and len(splits.eval) > 0
+    has_eval = len(splits.eval) > 0
     trainer = Trainer(
         arguments=args,
         model=model,
         dataset_train=splits.train,
         dataset_eval=splits.eval if has_eval else None,
-        eval_bytes_per_token=splits.eval_bytes_per_token if has_eval else None,
+        eval_bytes_per_token=splits.eval_bytes_per_token if has_eval and splits.eval_bytes_per_token > 0 else None,
         tokenizer=tokenizer,
     )
     trainer.recipe = recipe.to_dict()

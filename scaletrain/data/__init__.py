@@ -1,34 +1,56 @@
-"""Data: bundled corpus and tokenizer, text files, packing, and the grain batch pipeline.
+"""Data: sources, tokenizers, chat SFT encoding, packing, and the grain batch pipeline.
 
-Importing this package is cheap: grain, jax and transformers are imported inside the
-functions that need them.
+Importing this package is cheap: grain, jax, pyarrow, datasets and transformers are
+imported inside the functions that need them.
 """
 
+from scaletrain.data.build import build_datasets
+from scaletrain.data.chat import ChatEncoder, build_chat_splits, encode_chat
+from scaletrain.data.collate import collate
 from scaletrain.data.corpus import (
     bundled_corpus_names,
     bundled_tokenizer_path,
     load_bundled_corpus,
     read_text_files,
 )
-from scaletrain.data.collate import collate
 from scaletrain.data.packing import PackedRows, first_fit, pack_documents, pack_pieces, split_into_pieces
 from scaletrain.data.pipeline import LMSplits, build_lm_splits, make_batch_iterator, steps_per_epoch
+from scaletrain.data.prepared import prepare_tokenizer, resolve_tokenizer_path
+from scaletrain.data.processing import extract_column_names, process_messages_data, process_sample_data
+from scaletrain.data.records import ROLES, BadRows, check_messages, iter_conversations, iter_texts
+from scaletrain.data.sources import SourceRow, iter_source
 from scaletrain.data.tokenizer import load_processor
 
 __all__ = [
+    "BadRows",
+    "ChatEncoder",
     "LMSplits",
     "PackedRows",
+    "ROLES",
+    "SourceRow",
+    "build_chat_splits",
+    "build_datasets",
     "build_lm_splits",
-    "collate",
     "bundled_corpus_names",
     "bundled_tokenizer_path",
+    "check_messages",
+    "collate",
+    "encode_chat",
+    "extract_column_names",
     "first_fit",
+    "iter_conversations",
+    "iter_source",
+    "iter_texts",
     "load_bundled_corpus",
     "load_processor",
     "make_batch_iterator",
     "pack_documents",
     "pack_pieces",
+    "prepare_tokenizer",
+    "process_messages_data",
+    "process_sample_data",
     "read_text_files",
+    "resolve_tokenizer_path",
     "split_into_pieces",
     "steps_per_epoch",
 ]

@@ -28,12 +28,23 @@ class PackedRows:
     """Packed rows, each array of shape ``[num_rows, max_length]`` and dtype int32.
 
     ``input_ids`` holds ``pad_id`` where ``segment_ids == 0`` (padding).
+    ``loss_mask`` is None for pre-training (every token after the first of a
+    segment is a target) and, for chat SFT, 1 on the tokens that are targets
+    (assistant turns) and 0 elsewhere, padding included.
     """
 
     input_ids: np.ndarray
     segment_ids: np.ndarray
     positions: np.ndarray
     pad_id: int = 0
+    loss_mask: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        shape = self.input_ids.shape
+        arrays = {"segment_ids": self.segment_ids, "positions": self.positions, "loss_mask": self.loss_mask}
+        for name, array in arrays.items():
+            if array is not None and array.shape != shape:
+                raise DataError(f"PackedRows.{name} has shape {array.shape}, input_ids has {shape}")
 
     @property
     def num_rows(self) -> int:
@@ -52,6 +63,15 @@ class PackedRows:
     def num_segments(self) -> int:
         """Pieces packed into the rows (segments start where position is 0)."""
         return int(np.count_nonzero((self.positions == 0) & (self.segment_ids > 0)))
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Target tokens: not the first of their segment and, with a loss mask, masked in."""
+        seg = self.segment_ids
+        target = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+        if self.loss_mask is not None:
+            target &= self.loss_mask[:, 1:] != 0
+        return int(np.count_nonzero(target))
 
     @property
     def packing_efficiency(self) -> float:
@@ -112,13 +132,27 @@ def first_fit(lengths: Sequence[int] | np.ndarray, capacity: int) -> np.ndarray:
     return rows
 
 
-def pack_pieces(pieces: Sequence[np.ndarray], max_length: int, pad_id: int = 0) -> PackedRows:
-    """Pack pieces (each of 1..``max_length`` tokens) first-fit, in order, into rows."""
+def pack_pieces(
+    pieces: Sequence[np.ndarray],
+    max_length: int,
+    pad_id: int = 0,
+    loss_masks: Sequence[np.ndarray] | None = None,
+) -> PackedRows:
+    """Pack pieces (each of 1..``max_length`` tokens) first-fit, in order, into rows.
+
+    With ``loss_masks`` (one array per piece, same length) the rows carry a
+    ``loss_mask`` placed exactly like the tokens.
+    """
     lengths = np.fromiter((p.size for p in pieces), dtype=np.int64, count=len(pieces))
     if lengths.size and lengths.max() > max_length:
         raise DataError(f"a piece of {lengths.max()} tokens exceeds max_length={max_length}")
+    if loss_masks is not None:
+        if len(loss_masks) != len(pieces) or any(m.size != p.size for m, p in zip(loss_masks, pieces)):
+            raise DataError("loss_masks must have one array per piece, each as long as its piece")
     keep = lengths > 0
     pieces = [p for p, k in zip(pieces, keep) if k]
+    if loss_masks is not None:
+        loss_masks = [m for m, k in zip(loss_masks, keep) if k]
     lengths = lengths[keep]
     rows = first_fit(lengths, max_length)
     num_rows = int(rows.max()) + 1 if rows.size else 0
@@ -138,15 +172,22 @@ def pack_pieces(pieces: Sequence[np.ndarray], max_length: int, pad_id: int = 0) 
     input_ids = np.full((num_rows, max_length), pad_id, dtype=np.int32)
     segment_ids = np.zeros((num_rows, max_length), dtype=np.int32)
     positions = np.zeros((num_rows, max_length), dtype=np.int32)
+    loss_mask = None if loss_masks is None else np.zeros((num_rows, max_length), dtype=np.int32)
     if lengths.size:
         total = int(lengths.sum())
-        piece_start = np.cumsum(lengths) - lengths  # start of each piece in the flat token stream
-        within = np.arange(total) - np.repeat(piece_start, lengths)  # position inside its piece
-        dest = np.repeat(rows * max_length + offsets, lengths) + within
+        # per-token index arrays are the peak memory of packing: int32 when the rows allow it
+        idx = np.int32 if num_rows * max_length < 2**31 else np.int64
+        piece_start = (np.cumsum(lengths) - lengths).astype(idx)  # start of each piece in the flat stream
+        within = np.arange(total, dtype=idx)
+        within -= np.repeat(piece_start, lengths)  # position inside its piece
+        dest = np.repeat((rows * max_length + offsets).astype(idx), lengths)
+        dest += within
         input_ids.reshape(-1)[dest] = np.concatenate(pieces)
-        segment_ids.reshape(-1)[dest] = np.repeat(segments, lengths)
+        segment_ids.reshape(-1)[dest] = np.repeat(segments.astype(np.int32), lengths)
         positions.reshape(-1)[dest] = within
-    return PackedRows(input_ids, segment_ids, positions, pad_id=int(pad_id))
+        if loss_mask is not None:
+            loss_mask.reshape(-1)[dest] = np.concatenate(loss_masks)
+    return PackedRows(input_ids, segment_ids, positions, pad_id=int(pad_id), loss_mask=loss_mask)
 
 
 def pack_documents(

@@ -2,8 +2,9 @@
 
 Two stages:
 
-1. :func:`build_lm_splits` tokenizes the documents (one batched call into the Rust
-   tokenizer), appends eos, cuts them into pieces of ``max_length`` tokens, holds out a
+1. :func:`build_lm_splits` tokenizes the documents (streamed in chunks through the
+   Rust tokenizer, keeping only token arrays), appends eos, cuts them into pieces of
+   ``max_length`` tokens, holds out a
    seeded random subset of *pieces* for evaluation (so even a handful of long documents
    gives a real held-out set) and packs both splits into fixed rows.
 2. :func:`make_batch_iterator` serves those rows with grain. Everything is index
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,24 +56,40 @@ class LMSplits:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _tokenize(texts: Sequence[str], tokenizer: Any) -> tuple[list[np.ndarray], list[Any] | None]:
-    """Token ids of each text, without special tokens, and the encodings (for offsets) if fast.
+class TextEncoder:
+    """Tokenizes a chunk of documents into pieces of at most ``max_length`` tokens.
 
-    A fast tokenizer is called through its Rust backend in one ``encode_batch`` call,
-    which runs on all cores and skips the per-token Python conversions of ``__call__``.
+    Each document gets eos appended (when the tokenizer has one) and is cut into
+    pieces; for every piece we also keep the UTF-8 size of the text its targets
+    cover, so bits per byte can be reported without keeping the text. Picklable,
+    so :func:`~scaletrain.data.workers.map_chunks` can run it in worker processes.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a slow (pure Python) tokenizer
-        ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [np.asarray(x, dtype=np.int32) for x in ids], None
-    if backend.truncation is not None or backend.padding is not None:
-        from tokenizers import Tokenizer
 
-        backend = Tokenizer.from_str(backend.to_str())
-        backend.no_truncation()
-        backend.no_padding()
-    encodings = backend.encode_batch(list(texts), add_special_tokens=False)
-    return [np.asarray(e.ids, dtype=np.int32) for e in encodings], encodings
+    def __init__(self, tokenizer: Any, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.eos_id = getattr(tokenizer, "eos_token_id", None)
+
+    def __call__(self, texts: list[str]) -> tuple[list[np.ndarray], list[int]]:
+        from scaletrain.data.tokenizer import plain_backend
+
+        backend = plain_backend(self.tokenizer)
+        if backend is None:  # a slow (pure Python) tokenizer
+            ids = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+            token_docs, encodings = [np.asarray(x, dtype=np.int32) for x in ids], None
+        else:
+            encodings = backend.encode_batch(list(texts), add_special_tokens=False)
+            token_docs = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        pieces: list[np.ndarray] = []
+        target_bytes: list[int] = []
+        for d, ids in enumerate(token_docs):
+            full = ids if self.eos_id is None else np.append(ids, np.int32(self.eos_id))
+            enc = encodings[d] if encodings is not None else None
+            for start in range(0, full.size, self.max_length):
+                piece = full[start : start + self.max_length]
+                pieces.append(piece)
+                target_bytes.append(_target_bytes(texts[d], enc, self.tokenizer, ids, start, start + piece.size))
+        return pieces, target_bytes
 
 
 def _target_bytes(text: str, encoding: Any, tokenizer: Any, ids: np.ndarray, start: int, stop: int) -> int:
@@ -90,74 +107,110 @@ def _target_bytes(text: str, encoding: Any, tokenizer: Any, ids: np.ndarray, sta
     return len(text[begin:end].encode("utf-8"))
 
 
+@dataclass
+class _Pieces:
+    pieces: list[np.ndarray] = field(default_factory=list)
+    target_bytes: list[int] = field(default_factory=list)
+    documents: int = 0
+
+
+def _encode_texts(
+    texts: Iterable[str], tokenizer: Any, max_length: int, chunk_size: int, num_workers: int
+) -> _Pieces:
+    """Stream ``texts`` through :class:`TextEncoder` chunk by chunk, keeping only tokens."""
+    from scaletrain.data.workers import chunked, map_chunks
+
+    out = _Pieces()
+
+    def docs() -> Iterator[str]:
+        for text in texts:
+            if text and text.strip():
+                out.documents += 1
+                yield text
+
+    # chunks of at most chunk_size documents and about 1M characters: the Rust encodings of a
+    # chunk (~40 bytes per token) are the transient peak, so the chunk bounds it
+    chunks = chunked(docs(), chunk_size, max_chars=1 << 20)
+    for pieces, nbytes in map_chunks(TextEncoder(tokenizer, max_length), chunks, num_workers):
+        out.pieces.extend(pieces)
+        out.target_bytes.extend(nbytes)
+    return out
+
+
 def build_lm_splits(
-    texts: Sequence[str],
+    texts: Iterable[str],
     tokenizer: Any,
     max_length: int,
     eval_fraction: float = 0.05,
     seed: int = 0,
+    *,
+    eval_texts: Iterable[str] | None = None,
+    name: str = "the corpus",
+    chunk_size: int = 256,
+    num_workers: int = 0,
 ) -> LMSplits:
     """Tokenize ``texts``, split them into train/eval pieces by ``seed`` and pack both.
 
-    Each document gets the tokenizer's eos appended and is cut into pieces of
-    ``max_length`` tokens; ``eval_fraction`` of the pieces (at least one when > 0)
-    are held out. The same inputs and seed always give the same rows.
+    ``texts`` may be any iterable (a generator over a huge file): it is tokenized in
+    chunks of ``chunk_size`` documents (in ``num_workers`` processes if > 0) and
+    only token arrays are kept. Each document gets the tokenizer's eos appended and
+    is cut into pieces of ``max_length`` tokens; ``eval_fraction`` of the pieces (at
+    least one when > 0) are held out, unless ``eval_texts`` are given, which then
+    form the whole eval split. The same inputs and seed always give the same rows.
     """
     if max_length < 2:
         raise ConfigError(f"max_length must be >= 2 to have a next-token target, got {max_length}")
     if not 0.0 <= eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-    docs = [t for t in texts if t and t.strip()]
-    if not docs:
-        raise DataError("the corpus is empty: no non-blank documents to train on")
-
-    t0 = time.perf_counter()
-    token_docs, encodings = _tokenize(docs, tokenizer)
-    t_tokenize = time.perf_counter() - t0
+    if isinstance(texts, str):
+        raise DataError("texts must be an iterable of documents, not one string")
     eos_id = getattr(tokenizer, "eos_token_id", None)
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = int(pad_id if pad_id is not None else (eos_id if eos_id is not None else 0))
     if eos_id is None:
         logger.warning("tokenizer has no eos token: documents are packed without a separator")
 
-    pieces: list[np.ndarray] = []
-    origin: list[tuple[int, int]] = []  # (document, first token) of each piece
-    for d, ids in enumerate(token_docs):
-        full = ids if eos_id is None else np.append(ids, np.int32(eos_id))
-        for start in range(0, full.size, max_length):
-            pieces.append(full[start : start + max_length])
-            origin.append((d, start))
-    n = len(pieces)
+    t0 = time.perf_counter()
+    main = _encode_texts(texts, tokenizer, max_length, chunk_size, num_workers)
+    if main.documents == 0:
+        raise DataError(f"{name} is empty: no non-blank documents to train on")
+    n = len(main.pieces)
     if n == 0:
-        raise DataError("the corpus produced no tokens: the tokenizer returned nothing for every document")
+        raise DataError(f"{name} produced no tokens: the tokenizer returned nothing for every document")
 
-    n_eval = 0
-    if eval_fraction > 0:
-        if n < 2:
-            raise DataError(
-                f"the corpus has only {sum(p.size for p in pieces)} tokens, one piece of max_length="
-                f"{max_length}: too small to hold out an eval split; add text, lower max_length "
-                "or set eval_fraction=0"
-            )
-        n_eval = min(n - 1, max(1, round(eval_fraction * n)))
-    is_eval = np.zeros(n, dtype=bool)
-    is_eval[np.random.default_rng(seed).choice(n, size=n_eval, replace=False)] = True
+    if eval_texts is not None:
+        held = _encode_texts(eval_texts, tokenizer, max_length, chunk_size, num_workers)
+        if not held.pieces:
+            raise DataError("the eval source is empty: no non-blank documents to evaluate on")
+        train_pieces, eval_pieces, eval_piece_bytes = main.pieces, held.pieces, held.target_bytes
+    else:
+        n_eval = 0
+        if eval_fraction > 0:
+            if n < 2:
+                raise DataError(
+                    f"{name} has only {sum(p.size for p in main.pieces)} tokens, one piece of max_length="
+                    f"{max_length}: too small to hold out an eval split; add text, lower max_length "
+                    "or set eval_fraction=0"
+                )
+            n_eval = min(n - 1, max(1, round(eval_fraction * n)))
+        is_eval = np.zeros(n, dtype=bool)
+        is_eval[np.random.default_rng(seed).choice(n, size=n_eval, replace=False)] = True
+        train_pieces = [p for p, e in zip(main.pieces, is_eval) if not e]
+        eval_pieces = [p for p, e in zip(main.pieces, is_eval) if e]
+        eval_piece_bytes = [b for b, e in zip(main.target_bytes, is_eval) if e]
 
-    train = pack_pieces([p for p, e in zip(pieces, is_eval) if not e], max_length, pad_id)
-    evals = pack_pieces([p for p, e in zip(pieces, is_eval) if e], max_length, pad_id)
+    train = pack_pieces(train_pieces, max_length, pad_id)
+    evals = pack_pieces(eval_pieces, max_length, pad_id)
     t_total = time.perf_counter() - t0
 
-    eval_targets = sum(pieces[i].size - 1 for i in np.flatnonzero(is_eval))
-    eval_bytes = 0
-    for i in np.flatnonzero(is_eval):
-        d, start = origin[i]
-        enc = encodings[d] if encodings is not None else None
-        eval_bytes += _target_bytes(docs[d], enc, tokenizer, token_docs[d], start, start + pieces[i].size)
+    eval_targets = sum(p.size - 1 for p in eval_pieces)
+    eval_bytes = int(sum(eval_piece_bytes))
     bytes_per_token = eval_bytes / eval_targets if eval_targets else float("nan")
-
+    tokens = int(sum(p.size for p in main.pieces))
     stats: dict[str, Any] = {
-        "documents": len(docs),
-        "tokens": int(sum(p.size for p in pieces)),
+        "kind": "pretrain",
+        "documents": main.documents,
+        "tokens": tokens,
         "pieces": n,
         "max_length": max_length,
         "train_rows": train.num_rows,
@@ -167,12 +220,12 @@ def build_lm_splits(
         "eval_tokens": evals.num_tokens,
         "eval_packing_efficiency": evals.packing_efficiency,
         "eval_target_tokens": int(eval_targets),
-        "eval_bytes": int(eval_bytes),
+        "eval_bytes": eval_bytes,
     }
     logger.info(
-        "tokenized %d documents into %d tokens in %.2fs (tokenize+split+pack %.2fs): "
-        "%d train rows, %d eval rows of %d",
-        len(docs), stats["tokens"], t_tokenize, t_total, train.num_rows, evals.num_rows, max_length,
+        "tokenized %d documents into %d tokens and packed them in %.2fs: %d train rows, %d eval rows of %d "
+        "(packing efficiency %.3f)",
+        main.documents, tokens, t_total, train.num_rows, evals.num_rows, max_length, train.packing_efficiency,
     )
     return LMSplits(train=train, eval=evals, eval_bytes_per_token=bytes_per_token, stats=stats)
 
@@ -201,10 +254,12 @@ class _GatherRows:
             "segment_ids": rows.segment_ids[take],
             "positions": rows.positions[take],
         }
+        if rows.loss_mask is not None:
+            out["loss_mask"] = rows.loss_mask[take]
         if pad.any():
             out["input_ids"][pad] = rows.pad_id
-            out["segment_ids"][pad] = 0
-            out["positions"][pad] = 0
+            for key in out.keys() - {"input_ids"}:
+                out[key][pad] = 0
         return out
 
 

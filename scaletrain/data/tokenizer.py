@@ -38,3 +38,23 @@ def load_processor(path: str) -> Any:
         logger.warning("tokenizer in %s has no pad token; using eos %r as pad", path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def plain_backend(tokenizer: Any) -> Any:
+    """The Rust ``tokenizers.Tokenizer`` behind a fast tokenizer, without truncation or padding.
+
+    Why: calling the backend's ``encode_batch`` directly runs on all cores and skips
+    the per-token Python conversions of ``__call__``. A backend left configured by an
+    earlier padded call (``padding="max_length"``) is copied and reset rather than
+    changed in place. Returns None for a slow (pure Python) tokenizer.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    if backend.truncation is not None or backend.padding is not None:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(backend.to_str())
+        backend.no_truncation()
+        backend.no_padding()
+    return backend
