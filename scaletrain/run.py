@@ -77,8 +77,9 @@ def build_model(recipe: Recipe, tokenizer: Any) -> Any:
 def check_vocab(tokenizer: Any, vocab_size: int, recipe: Recipe) -> None:
     """A tokenizer with more ids than the embedding table would index past it."""
     if len(tokenizer) > vocab_size:
+        name = recipe.tokenizer.path or recipe.model.pretrained or "bundled"
         raise DataError(
-            f"tokenizer {tokenizer_path(recipe)!r} has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"tokenizer {name!r} has {len(tokenizer)} tokens but model.vocab_size is "
             f"{vocab_size}; raise model.vocab_size or use another tokenizer"
         )
 
