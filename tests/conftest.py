@@ -8,10 +8,11 @@ os.environ["XLA_FLAGS"] = (
 os.environ["JAX_PLATFORMS"] = "cpu"
 # One persistent compilation cache per test session, shared with subprocesses: many
 # tests compile the same tiny programs, and a cache hit turns ~20 s into ~1 s.
+_OWN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import tempfile
 
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="scaletrain-test-jax-cache-")
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="scaletrain-test-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,3 +32,10 @@ def tiny_config_kwargs() -> dict:
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
