@@ -11,6 +11,7 @@ with its traceback (it never ends a run silently).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.training.trainer import BaseTrainer
+
+logger = logging.getLogger("scaletrain")
 
 EVENTS = ("init", "train", "epoch", "step", "evaluate", "checkpoint")
 
@@ -119,10 +122,16 @@ class MetricsLogger(Callback):
         record.update(memory_stats())
         self.last_train = record
         trainer.write_metrics(record)
+        if not trainer.arguments.progress_bar and trainer.is_main_process:
+            logger.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f mfu %.3f", step,
+                        trainer.max_training_steps, record["loss"], record["learning_rate"], record["grad_norm"],
+                        record["tokens_per_s"], record["mfu"])
 
     def post_evaluate(self, trainer: BaseTrainer, step: int, results: dict[str, float]) -> None:
         self.last_eval = {"step": step, "split": "eval", **results}
         trainer.write_metrics(self.last_eval)
+        if trainer.is_main_process:
+            logger.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4g}" for k, v in results.items()))
 
     def steady_throughput(self) -> dict[str, float]:
         """Medians over log intervals after the first (which pays for compilation)."""
