@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from scaletrain.errors import ConfigError, DataError
@@ -112,15 +113,21 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     return model
 
 
-def run_training(recipe: Recipe) -> dict[str, Any]:
-    """Train as the recipe says; returns the summary written to ``summary.json``."""
+def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train as the recipe says; returns the summary written to ``summary.json``.
+
+    With a ``ray`` section whose ``num_workers`` is set, see :func:`run_recipe`.
+    """
     from scaletrain.data import build_lm_splits
     from scaletrain.training.trainer import Trainer
 
+    import jax
+
     args = recipe.training
     out = args.ensure_output_dir()
-    with open(os.path.join(out, "recipe.yaml"), "w") as f:
-        f.write(recipe.to_yaml())
+    if jax.process_index() == 0:
+        with open(os.path.join(out, "recipe.yaml"), "w") as f:
+            f.write(recipe.to_yaml())
     tokenizer = load_tokenizer(recipe)
     texts = load_texts(recipe)
     splits = build_lm_splits(texts, tokenizer, args.max_length, eval_fraction=recipe.data.eval_fraction,
@@ -135,11 +142,15 @@ def run_training(recipe: Recipe) -> dict[str, Any]:
         dataset_eval=splits.eval if has_eval else None,
         eval_bytes_per_token=splits.eval_bytes_per_token if has_eval else None,
         tokenizer=tokenizer,
+        callbacks=callbacks,
     )
     trainer.recipe = recipe.to_dict()
     output = trainer.train()
     summary = dict(trainer.summary)
-    if recipe.sample.max_new_tokens > 0 and trainer.is_main_process:
+    if recipe.sample.max_new_tokens > 0 and jax.process_count() > 1:
+        logger.warning("sample.max_new_tokens is ignored in a multi-process run; use `scaletrain generate` "
+                       "on the exported model")
+    elif recipe.sample.max_new_tokens > 0 and trainer.is_main_process:
         text = sample_text(output.state.model, tokenizer, recipe)
         summary["sample"] = text
         with open(os.path.join(out, "sample.txt"), "w") as f:
