@@ -113,11 +113,25 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     return model
 
 
-def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train as the recipe says; returns the summary written to ``summary.json``.
+def run_recipe(recipe: Recipe) -> dict[str, Any]:
+    """``scaletrain train``: in this process, or on Ray when ``ray.num_workers`` is set."""
+    if not recipe.ray.num_workers:
+        return run_training(recipe)
+    from scaletrain.distributed.launcher import RecipeJob, launch_on_ray
 
-    With a ``ray`` section whose ``num_workers`` is set, see :func:`run_recipe`.
-    """
+    recipe = recipe.model_copy(deep=True)
+    recipe.training.output_dir = os.path.abspath(recipe.training.output_dir)
+    r = recipe.ray
+    result = launch_on_ray(
+        RecipeJob(recipe), num_workers=r.num_workers, output_dir=recipe.training.output_dir,
+        max_failures=r.max_failures, ray_address=r.address, resources_per_worker=r.resources_per_worker,
+        use_gpu=r.use_gpu, num_cpus=r.num_cpus, resume_if_possible=recipe.training.resume_if_possible,
+    )
+    return result.summary
+
+
+def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train as the recipe says, in this process; returns the summary written to ``summary.json``."""
     from scaletrain.data import build_lm_splits
     from scaletrain.training.trainer import Trainer
 

@@ -131,6 +131,8 @@ def worker_loop(config: dict[str, Any]) -> None:
     for noisy in ("jax._src.xla_bridge", "absl", "orbax", "jax._src.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.time()
+    if os.path.isdir(config.get("cwd") or ""):
+        os.chdir(config["cwd"])  # Ray starts workers in its own folder: relative paths mean the driver's
     init_jax_distributed(rank, world)
     import jax
 
@@ -187,13 +189,22 @@ def _existing_checkpoints(output_dir: str) -> list[int]:
     return sorted(int(d) for d in os.listdir(folder) if d.isdigit())
 
 
+def import_ray() -> Any:
+    """``ray``, or a ConfigError saying how to install it (it is an optional extra)."""
+    try:
+        import ray
+        import ray.train  # noqa: F401
+    except ImportError:
+        raise ConfigError("Ray is not installed; install the extra: pip install 'scaletrain[ray]'") from None
+    return ray
+
+
 def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     """Connect to ``address`` (``"auto"``: the running cluster) or start a local instance.
 
     Returns True when this call started Ray (and the caller must shut it down).
     """
-    import ray
-
+    ray = import_ray()
     if ray.is_initialized():
         return False
     if address is None:
@@ -229,7 +240,7 @@ def launch_on_ray(
       each restart resumes from the newest checkpoint (set ``save_steps``).
     - ``worker_env``: extra environment variables for the workers.
     """
-    import ray
+    ray = import_ray()
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
 
@@ -250,7 +261,7 @@ def launch_on_ray(
     try:
         trainer = JaxTrainer(
             worker_loop,
-            train_loop_config={"job": job, "output_dir": output_dir},
+            train_loop_config={"job": job, "output_dir": output_dir, "cwd": os.getcwd()},
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, use_tpu=use_tpu,
                                          resources_per_worker=resources),
             run_config=RunConfig(

@@ -609,6 +609,8 @@ class Trainer(BaseTrainer):
             "tflops": steady.get("tflops", last_train.get("tflops")),
             "mfu": steady.get("mfu", last_train.get("mfu")),
             "max_training_steps": self.max_training_steps,
+            "train_tokens": self.global_step * self.arguments.total_batch_size * self.arguments.max_length,
+            "flops_per_token": self._flops_per_token,
             "num_params": self._model_state.num_params,
             "process_count": jax.process_count(),
             "params_sha256": params_sha256(state.params),  # all processes: the gather is a collective
