@@ -1,29 +1,22 @@
-"""Real multi-process training on Ray Train (CPU): parity with one process, and a SIGKILLed worker.
+"""Real multi-process training on Ray Train (CPU), driven by the examples of docs/distributed.md.
 
-One local Ray instance (2 logical CPUs) serves the module; each run starts two JAX
+One local Ray instance (2 logical CPUs) serves the module; each launch starts two JAX
 processes with one CPU device each (the test process's 8 fake devices are not
 inherited: the launcher sets the workers' XLA_FLAGS).
 """
 
 import json
 import os
-import time
 
 import numpy as np
 import pytest
 
 pytest.importorskip("ray")
 
-from ray import cloudpickle  # noqa: E402  (Ray vendors its own copy)
-
-import ray_helpers  # noqa: E402
-from ray_helpers import RecordPlacement, lm_data, tiny_arguments, tiny_trainer  # noqa: E402
-
-from scaletrain.data import bundled_tokenizer_path  # noqa: E402
-from scaletrain.distributed import KillWorkerOnce  # noqa: E402
+from docs_testing import doc_blocks, python_blocks  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-cloudpickle.register_pickle_by_value(ray_helpers)
+DOC = "docs/distributed.md"
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +30,21 @@ def ray_instance():
 
 
 @pytest.fixture(scope="module")
-def two_worker_run(ray_instance, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ray2")
-    trainer = tiny_trainer(bundled_tokenizer_path())
-    t0 = time.perf_counter()
-    result = trainer.launch(2, tiny_arguments(str(out)), lm_data(), lm_data(16, seed=1),
-                            callbacks=[RecordPlacement(str(out))])
-    result.wall_s = time.perf_counter() - t0
-    return result
+def docs_run(ray_instance, tmp_path_factory):
+    """The doc's API and 2-worker launch examples, run in a fresh folder."""
+    folder = tmp_path_factory.mktemp("docs")
+    old = os.getcwd()
+    os.chdir(folder)
+    namespace: dict = {}
+    try:
+        blocks = doc_blocks(DOC)
+        assert set(blocks) == {"api", "ray-launch", "ray-restart"}
+        assert len(python_blocks(DOC)) == 3  # every python example is one of the tested ones
+        exec(blocks["api"], namespace)
+        exec(blocks["ray-launch"], namespace)
+        yield folder, namespace
+    finally:
+        os.chdir(old)
 
 
 def _losses(folder) -> dict[int, float]:
@@ -52,41 +52,43 @@ def _losses(folder) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in lines if r["split"] == "train"}
 
 
-def test_two_workers_match_one_process(two_worker_run, tmp_path):
-    out = two_worker_run.output_dir
-    assert two_worker_run.summary["process_count"] == 2
-    assert two_worker_run.summary["final_step"] == 8
-    placements = [json.load(open(os.path.join(out, f"placement-{i}.json"))) for i in range(2)]
-    for i, p in enumerate(placements):
-        assert p["process_index"] == i and p["process_count"] == 2
+def test_two_workers_match_one_process(docs_run, tmp_path):
+    folder, ns = docs_run
+    result = ns["result"]
+    assert result.summary["process_count"] == 2 and result.summary["final_step"] == 6
+    assert result.restarts == 0
+    for rank, p in enumerate(result.placement):
+        assert p["process_index"] == rank and p["process_count"] == 2
         assert p["local_devices"] == 1 and p["global_devices"] == 2
-        assert p["mesh_processes"] == [0, 1]  # one mesh over both processes
-        sharded = [a for a, s in zip(p["fully_addressable"], p["sharded"]) if s]
-        assert sharded and not any(sharded)  # sharded parameters live partly on the other process
+        assert p["mesh"]["fsdp"] == 2 and p["mesh_processes"] == [0, 1]  # one mesh over both processes
+        assert p["sharded_params"] > 0
+        assert p["fully_addressable_sharded_params"] == 0  # each holds half of every sharded parameter
 
-    # the same training in this process (8 fake devices, one process), same global batches
-    reference = tiny_trainer(bundled_tokenizer_path())
-    reference.train(1, tiny_arguments(str(tmp_path)), lm_data(), lm_data(16, seed=1))
-    ours, ref = _losses(out), _losses(tmp_path)
-    assert sorted(ours) == sorted(ref) == list(range(1, 9))
+    # the same training in this one process (8 fake devices), same data and global batches
+    arguments = ns["arguments"].model_copy(update={"output_dir": str(tmp_path)})
+    ns["trainer"].train(1, arguments, ns["train_rows"], ns["eval_rows"])
+    ours, ref = _losses(result.output_dir), _losses(tmp_path)
+    assert sorted(ours) == sorted(ref) == list(range(1, 7))
     diffs = [abs(ours[s] - ref[s]) for s in ref]
-    print(f"max |loss(2 workers) - loss(1 process)| = {max(diffs):.3g}; wall {two_worker_run.wall_s:.1f}s")
+    print(f"\nmax |loss(2 workers) - loss(1 process)| over {len(ref)} steps = {max(diffs):.3g}; "
+          f"launch took {result.elapsed_s:.1f}s")
     np.testing.assert_allclose([ours[s] for s in ref], [ref[s] for s in ref], rtol=2e-5, atol=2e-5)
     ref_summary = json.load(open(tmp_path / "summary.json"))
-    assert two_worker_run.summary["final_eval_loss"] == pytest.approx(ref_summary["final_eval_loss"], rel=2e-5)
+    assert result.summary["final_eval_loss"] == pytest.approx(ref_summary["final_eval_loss"], rel=2e-5)
 
 
-def test_killed_worker_restarts_from_checkpoint(two_worker_run, tmp_path):
-    marker = str(tmp_path / "killed.txt")
-    trainer = tiny_trainer(bundled_tokenizer_path())
-    result = trainer.launch(2, tiny_arguments(str(tmp_path / "run")), lm_data(), lm_data(16, seed=1),
-                            max_failures=1, callbacks=[KillWorkerOnce(step=5, marker=marker, rank=1)])
-    assert os.path.exists(marker)
-    assert result.restarts == 1
-    summary = result.summary
-    assert summary["final_step"] == 8
-    assert summary["resumed_from"] is not None and summary["resumed_from"].endswith(("/4", "/2"))
-    assert summary["params_sha256"] == two_worker_run.summary["params_sha256"]
-    restart_s = result.attempts[1]["jax_ready"] - os.path.getmtime(marker)
-    print(f"worker killed -> new worker group joined jax.distributed in {restart_s:.1f}s; "
-          f"resumed from {summary['resumed_from']}")
+def test_killed_worker_restarts_from_checkpoint(docs_run):
+    folder, ns = docs_run
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        exec(doc_blocks(DOC)["ray-restart"], ns)  # asserts restarts == 1 and the same params_sha256
+    finally:
+        os.chdir(old)
+    killed = ns["killed"]
+    marker = folder / "runs" / "killed-once.txt"
+    restart_s = killed.attempts[1]["jax_ready"] - os.path.getmtime(marker)
+    print(f"\nworker SIGKILLed after step 5 -> new group in jax.distributed after {restart_s:.1f}s; "
+          f"resumed from {killed.summary['resumed_from']}; launch took {killed.elapsed_s:.1f}s")
+    lines = [json.loads(x) for x in open(os.path.join(killed.output_dir, "metrics.jsonl"))]
+    assert [r["step"] for r in lines if r["split"] == "train"][-2:] == [5, 6]  # steps 5-6 ran again

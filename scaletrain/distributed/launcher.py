@@ -100,6 +100,39 @@ def _report_callback() -> Any:
     return RayReport()
 
 
+def _placement_callback(folder: str) -> Any:
+    from scaletrain.training.callbacks import Callback
+
+    class RecordPlacement(Callback):
+        """Write ``placement-<rank>.json``: the mesh's processes and how the parameters are spread.
+
+        Why: a run that silently trained N replicas instead of one sharded model looks
+        fine from its losses; this file shows the state really spans the processes.
+        """
+
+        def post_init(self, trainer: Any) -> None:
+            import jax
+
+            leaves = jax.tree.leaves(trainer.model_state.params)
+            sharded = [x for x in leaves if not x.sharding.is_fully_replicated]
+            record = {
+                "process_index": jax.process_index(),
+                "process_count": jax.process_count(),
+                "local_devices": jax.local_device_count(),
+                "global_devices": jax.device_count(),
+                "mesh": dict(trainer.mesh.shape),
+                "mesh_processes": sorted({int(d.process_index) for d in trainer.mesh.devices.flat}),
+                "params": len(leaves),
+                "sharded_params": len(sharded),
+                "fully_addressable_sharded_params": sum(bool(x.is_fully_addressable) for x in sharded),
+            }
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"placement-{jax.process_index()}.json"), "w") as f:
+                json.dump(record, f)
+
+    return RecordPlacement()
+
+
 # ---- inside a worker -------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -142,7 +175,7 @@ def worker_loop(config: dict[str, Any]) -> None:
         with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
             f.write(json.dumps({"started": started, "jax_ready": time.time(), "processes": jax.process_count(),
                                 "devices": jax.device_count()}) + "\n")
-    summary = config["job"]([_report_callback()])
+    summary = config["job"]([_report_callback(), _placement_callback(os.path.join(out, "ray"))])
     ray.train.report({"finished": 1, "final_step": summary.get("final_step"),
                       "params_sha256": summary.get("params_sha256"),
                       "final_train_loss": summary.get("final_train_loss"),
@@ -152,12 +185,19 @@ def worker_loop(config: dict[str, Any]) -> None:
 # ---- on the driver -----------------------------------------------------------------------
 @dataclass
 class LaunchResult:
-    """What a Ray run left: ``summary.json`` of process 0, the attempts, Ray's own ``Result``."""
+    """What a Ray run left.
+
+    ``summary``: process 0's ``summary.json``; ``attempts``: one record per start of the
+    worker group (``restarts`` = attempts - 1); ``placement``: per process, the mesh and
+    how many sharded parameters it could address fully (0 when sharded across
+    processes); ``ray_result``: Ray Train's ``Result``.
+    """
 
     output_dir: str
     summary: dict[str, Any]
     ray_result: Any = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    placement: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     @property
@@ -283,6 +323,7 @@ def launch_on_ray(
         summary=_read_json(os.path.join(output_dir, "summary.json")),
         ray_result=result,
         attempts=[a for a in _read_attempts(output_dir) if a.get("started", 0) >= wall0],
+        placement=[_read_json(os.path.join(output_dir, "ray", f"placement-{i}.json")) for i in range(num_workers)],
         elapsed_s=time.perf_counter() - t0,
     )
 

@@ -261,7 +261,7 @@ def plot_sweep(report: dict[str, Any], path: str) -> str:
     ax.set_xscale("log")
     ax.set_xlabel("training compute C (FLOPs)")
     ax.set_ylabel("final eval loss")
-    ax.set_title(f"scaling sweep: {', '.join(report['scaled_keys'])} x index", fontsize=9)
+    ax.set_title("scaling sweep: eval loss against compute", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
