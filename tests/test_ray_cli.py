@@ -38,7 +38,8 @@ def test_train_recipe_on_two_ray_workers(tmp_path):
     placement = json.loads((tmp_path / "run" / "ray" / "placement-1.json").read_text())
     assert placement["mesh_processes"] == [0, 1] and placement["fully_addressable_sharded_params"] == 0
     assert "final_eval_loss" in res.stdout
-    assert not subprocess.run(["pgrep", "-f", f"raylet.*{tmp_path}"], capture_output=True).stdout  # Ray stopped
+    attempts = (tmp_path / "run" / "ray_attempts.jsonl").read_text().splitlines()
+    assert len(attempts) == 1 and json.loads(attempts[0])["processes"] == 2
 
 
 def test_sweep_reports_failures_and_resumes(tmp_path):
