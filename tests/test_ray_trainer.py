@@ -234,11 +234,16 @@ def test_train_priority_state_model_bucket_new(tmp_path):
     assert _digest(got) == _digest(saved.model_state)
     assert got.model.config.hidden_size == 16  # the checkpoint's architecture, not scaling_index 4
     assert got.model.config.sharding_axis_dims == (1, 2, 1, 4, 1)  # this trainer's runtime keys (another mesh)
-    # ... and a Hugging Face folder at bucket_path
+    # ... and a Hugging Face folder at a remote URL (fsspec's in-memory filesystem stands in for gs://)
+    import fsspec
+
     hf = tmp_path / "hf"
     st.save_hf_checkpoint(saved.model_state.model, str(hf))
-    got = small(trainer_module=RecordingTrainer, bucket_path=str(hf)).train(1, _args(tmp_path / "c"), rows).state
+    fsspec.filesystem("memory").put(str(hf), "/bucket/hf", recursive=True)
+    remote = small(trainer_module=RecordingTrainer, bucket_path="memory://bucket/hf")
+    got = remote.train(1, _args(tmp_path / "c"), rows).state
     assert _digest(got) == _digest(saved.model_state)
+    assert (tmp_path / "c" / "bucket_cache" / "bucket_hf" / "config.json").exists()  # copied under output_dir
     # dtypes follow the model unless the arguments set them
     assert got.model.dtype == jnp.float32
     bf16 = small(trainer_module=RecordingTrainer)
