@@ -1,7 +1,7 @@
 """The command line on Ray: `scaletrain train RECIPE ray.num_workers=2` and `scaletrain sweep`.
 
-Each command runs in a subprocess that starts (and stops) its own local Ray instance,
-as a user's would; the recipe is examples/sweep.yaml (the one docs/distributed.md
+Each command runs in a subprocess, as a user's would: the training joins a Ray instance
+started beforehand (`ray.address=auto`), the sweep starts and stops its own local one; the recipe is examples/sweep.yaml (the one docs/distributed.md
 uses), shrunk by overrides.
 """
 
@@ -23,15 +23,39 @@ TINY = ["model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_
         "training.max_evaluation_steps=2", "training.report_to=[]"]
 
 
-def _scaletrain(*args, cwd, timeout=420):
+def _scaletrain(*args, cwd, timeout=420, **extra_env):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # no fake devices for a real CLI run
-    env.update(PYTHONPATH=ROOT, RAY_AUTH_MODE="disabled", JAX_PLATFORMS="cpu")
+    env.update(PYTHONPATH=ROOT, RAY_AUTH_MODE="disabled", JAX_PLATFORMS="cpu", **extra_env)
     cmd = ["timeout", "-s", "KILL", str(timeout), sys.executable, "-m", "scaletrain", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
 
 
-def test_train_recipe_on_two_ray_workers(tmp_path):
-    res = _scaletrain("train", RECIPE, *TINY, "training.output_dir=run", "ray.num_workers=2", cwd=tmp_path)
+HEAD = """
+import sys, ray
+ray.init(num_cpus=2, include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test closes stdin
+ray.shutdown()
+"""
+
+
+@pytest.fixture
+def running_cluster(tmp_path):
+    """A Ray instance started outside the CLI (as a user's cluster), stopped through its own driver."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}  # no scaletrain on it
+    env["RAY_AUTH_MODE"] = "disabled"
+    head = subprocess.Popen(["timeout", "-s", "KILL", "600", sys.executable, "-c", HEAD], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    address = head.stdout.readline().strip()
+    yield address
+    head.stdin.close()
+    head.wait(timeout=120)
+
+
+def test_train_recipe_on_two_ray_workers(tmp_path, running_cluster):
+    """`ray.address=auto` joins the running cluster (found through RAY_ADDRESS, as `ray start` sets it up)."""
+    res = _scaletrain("train", RECIPE, *TINY, "training.output_dir=run", "ray.num_workers=2", "ray.address=auto",
+                      cwd=tmp_path, RAY_ADDRESS=running_cluster)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["process_count"] == 2 and summary["final_step"] == 4

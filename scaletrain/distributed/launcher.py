@@ -247,10 +247,11 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     ray = import_ray()
     if ray.is_initialized():
         return False
-    if address is None:
+    if address is None:  # the local instance inherits this process's environment (PYTHONPATH included)
         ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
-    else:
-        ray.init(address=address, configure_logging=False)
+    else:  # a running cluster does not: every process of this job (Ray Train's controller too) must import scaletrain
+        env = {"PYTHONPATH": make_worker_env(False, False)["PYTHONPATH"]}
+        ray.init(address=address, configure_logging=False, runtime_env={"env_vars": env})
     return True
 
 
