@@ -88,7 +88,7 @@ def _report_callback() -> Any:
     from scaletrain.training.callbacks import Callback
 
     class RayReport(Callback):
-        """``ray.train.report`` of each logged train/eval record (all ranks: it is a barrier)."""
+        """``ray.train.report`` of each logged train record (all ranks call it: it is a barrier)."""
 
         def post_step(self, trainer: Any, step: int, metrics: Any) -> None:
             record = trainer.metrics_logger.last_train
