@@ -1,4 +1,4 @@
-"""``scaletrain`` command line: ``train``, ``generate``, ``export`` and ``plot``.
+"""``scaletrain`` command line: ``train``, ``sweep``, ``generate``, ``export`` and ``plot``.
 
 User errors (:class:`ScaletrainError`) print one message and exit with status 2;
 anything else is a bug and keeps its traceback.
@@ -22,6 +22,12 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train as a YAML recipe says")
     t.add_argument("recipe", help="path to the recipe YAML")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
+    sw = sub.add_parser("sweep", help="a scaling ladder: one training per scaling index, in parallel on Ray")
+    sw.add_argument("recipe", help="path to the recipe YAML")
+    sw.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
+    sw.add_argument("--scaling-indices", default=None, help="comma-separated, e.g. 1,2,4,8 (default: sweep.scaling_indices)")
+    sw.add_argument("--address", default=None, help="Ray address ('auto' joins a running cluster; default: start one)")
+    sw.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of a local Ray instance")
     g = sub.add_parser("generate", help="continue a prompt with a Hugging Face model folder")
     g.add_argument("model_dir")
     g.add_argument("--prompt", required=True)
@@ -53,14 +59,44 @@ def _setup_logging() -> None:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from scaletrain.recipe import Recipe
-    from scaletrain.run import run_training
+    from scaletrain.run import run_recipe
 
     recipe = Recipe.load(ns.recipe, ns.overrides)
-    summary = run_training(recipe)
+    summary = run_recipe(recipe)
     keys = ("final_step", "final_train_loss", "final_eval_loss", "final_eval_bits_per_byte", "tokens_per_s", "mfu")
     print("\n".join(f"{k:26s} {summary.get(k)}" for k in keys))
     if "sample" in summary:
         print("\n--- sample ---\n" + summary["sample"] + "\n--------------")
+    return 0
+
+
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    from scaletrain.distributed.sweep import run_sweep
+    from scaletrain.errors import ConfigError
+    from scaletrain.recipe import Recipe
+
+    recipe = Recipe.load(ns.recipe, ns.overrides)
+    indices = None
+    if ns.scaling_indices:
+        try:
+            indices = [int(x) for x in ns.scaling_indices.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--scaling-indices {ns.scaling_indices!r}: use comma-separated ints like 1,2,4,8") from None
+    report = run_sweep(recipe, indices, ray_address=ns.address, num_cpus=ns.num_cpus)
+    print(f"{'index':>5} {'status':28s} {'params':>10} {'FLOPs':>10} {'eval loss':>9}")
+    for r in report["members"]:
+        loss = r.get("final_eval_loss")
+        print(f"{r['scaling_index']:>5} {r['status']:28s} {r.get('num_params') or '':>10} "
+              f"{(format(r['flops'], '.3g') if r.get('flops') else ''):>10} "
+              f"{(format(loss, '.4f') if loss is not None else ''):>9}"
+              + (f"  {r['error']}" if r.get("error") else ""))
+    fit = report["fit"]
+    print(f"fit: L = {fit['a']:.4g} * C^-{fit['b']:.4g} + {fit['c']:.4g}" if fit.get("ok") else f"fit: {fit['reason']}")
+    print(f"wrote {os.path.join(report['sweep_dir'], 'sweep.json')}, sweep.csv, sweep.png")
+    failed = [r["scaling_index"] for r in report["members"] if r["status"] == "failed"]
+    if failed:
+        print(f"scaletrain: {len(failed)} member(s) failed: {failed}; fix and re-run to train only those", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -87,9 +123,15 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns, extra = parser.parse_known_args(argv)
+    # overrides may also follow options (`sweep R --scaling-indices 1,2 training.x=1`)
+    if extra and getattr(ns, "overrides", None) is not None and not any(x.startswith("-") for x in extra):
+        ns.overrides = [*ns.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging()
-    commands = {"train": cmd_train, "generate": cmd_generate, "export": cmd_export, "plot": cmd_plot}
+    commands = {"train": cmd_train, "sweep": cmd_sweep, "generate": cmd_generate, "export": cmd_export, "plot": cmd_plot}
     try:
         return commands[ns.command](ns)
     except ScaletrainError as err:

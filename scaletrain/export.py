@@ -13,8 +13,21 @@ from typing import Any
 from scaletrain.errors import CheckpointError
 
 
-def load_checkpoint_model(path: str, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """``(model, metadata)`` from a run folder, its ``checkpoints`` folder or one step folder."""
+def load_checkpoint_model(
+    path: str,
+    step: int | None = None,
+    *,
+    config_overrides: dict[str, Any] | None = None,
+    dtype: Any = None,
+    param_dtype: Any = None,
+    precision: Any = None,
+) -> tuple[Any, dict[str, Any]]:
+    """``(model, metadata)`` from a run folder, its ``checkpoints`` folder or one step folder.
+
+    ``config_overrides`` replaces runtime keys of the saved config (mesh axes,
+    partition axis, remat) so a checkpoint loads onto another mesh; ``dtype`` /
+    ``param_dtype`` default to the saved run's.
+    """
     from scaletrain.arguments import TrainingArguments
     from scaletrain.models import create_sharded_model, get_modules_by_type
     from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
@@ -30,9 +43,12 @@ def load_checkpoint_model(path: str, step: int | None = None) -> tuple[Any, dict
     meta = checkpointer.read_meta(step)
     config_dict = dict(meta["config"])
     config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
-    config = config_class.from_dict(config_dict)
+    config = config_class.from_dict({**config_dict, **(config_overrides or {})})
     args = TrainingArguments(**meta["arguments"])
-    model, mesh = create_sharded_model(module_class, config, dtype=args.dtype, param_dtype=args.param_dtype)
+    model, mesh = create_sharded_model(
+        module_class, config, dtype=dtype if dtype is not None else args.dtype,
+        param_dtype=param_dtype if param_dtype is not None else args.param_dtype, precision=precision,
+    )
     tx = make_optimizer(args, make_schedule(args, max(args.max_training_steps or 1, 1)))
     template = create_train_state(model, tx, mesh, seed=args.seed)
     state, _, _ = checkpointer.restore(step, template)

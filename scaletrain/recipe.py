@@ -1,4 +1,4 @@
-"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``.
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``sweep``.
 
 A recipe is validated as a whole; every problem is reported as
 ``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
@@ -108,6 +108,41 @@ class SampleSection(BaseModel):
     seed: int = 0
 
 
+class RaySection(BaseModel):
+    """Run the training on Ray Train (``num_workers`` JAX processes); unset ``num_workers`` = no Ray.
+
+    ``address``: None starts a local Ray instance (``num_cpus`` logical CPUs), ``auto``
+    joins the running cluster. ``max_failures``: worker-group restarts, each resuming
+    from the newest checkpoint (set ``training.save_steps``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_workers: int | None = Field(None, ge=1)
+    address: str | None = None
+    max_failures: int = Field(0, ge=-1)
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    num_cpus: int | None = Field(None, ge=1)
+
+
+class SweepSection(BaseModel):
+    """A scaling ladder (``scaletrain sweep``): one training per scaling index.
+
+    Each key of ``scaled_keys`` is the ``model`` value times the index (seed 000's
+    ``CONFIG_SCALING_VARIABLES``). ``member_overrides`` maps an index to extra
+    ``section.key=value`` overrides for that member only.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    scaling_indices: tuple[int, ...] = (1, 2, 4, 8)
+    scaled_keys: tuple[str, ...] = ("hidden_size", "intermediate_size", "num_attention_heads",
+                                    "num_key_value_heads")
+    cpus_per_member: float = Field(1.0, gt=0)
+    member_overrides: dict[int, list[str]] = Field(default_factory=dict)
+
+
 class Recipe(BaseModel):
     """A whole training job."""
 
@@ -119,6 +154,8 @@ class Recipe(BaseModel):
     training: TrainingArguments = TrainingArguments()
     mesh: MeshSection = MeshSection()
     sample: SampleSection = SampleSection()
+    ray: RaySection = RaySection()
+    sweep: SweepSection = SweepSection()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "recipe") -> Recipe:

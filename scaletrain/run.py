@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from scaletrain.errors import ConfigError, DataError
@@ -110,14 +111,34 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     return model
 
 
-def run_training(recipe: Recipe) -> dict[str, Any]:
-    """Train as the recipe says; returns the summary written to ``summary.json``."""
+def run_recipe(recipe: Recipe) -> dict[str, Any]:
+    """``scaletrain train``: in this process, or on Ray when ``ray.num_workers`` is set."""
+    if not recipe.ray.num_workers:
+        return run_training(recipe)
+    from scaletrain.distributed.launcher import RecipeJob, launch_on_ray
+
+    recipe = recipe.model_copy(deep=True)
+    recipe.training.output_dir = os.path.abspath(recipe.training.output_dir)
+    r = recipe.ray
+    result = launch_on_ray(
+        RecipeJob(recipe), num_workers=r.num_workers, output_dir=recipe.training.output_dir,
+        max_failures=r.max_failures, ray_address=r.address, resources_per_worker=r.resources_per_worker,
+        use_gpu=r.use_gpu, num_cpus=r.num_cpus, resume_if_possible=recipe.training.resume_if_possible,
+    )
+    return result.summary
+
+
+def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train as the recipe says, in this process; returns the summary written to ``summary.json``."""
     from scaletrain.training.trainer import Trainer
+
+    import jax
 
     args = recipe.training
     out = args.ensure_output_dir()
-    with open(os.path.join(out, "recipe.yaml"), "w") as f:
-        f.write(recipe.to_yaml())
+    if jax.process_index() == 0:
+        with open(os.path.join(out, "recipe.yaml"), "w") as f:
+            f.write(recipe.to_yaml())
     tokenizer = load_tokenizer(recipe)
     splits = load_datasets(recipe, tokenizer)
     model = build_model(recipe, tokenizer)
@@ -129,11 +150,15 @@ def run_training(recipe: Recipe) -> dict[str, Any]:
         dataset_eval=splits.eval if has_eval else None,
         eval_bytes_per_token=splits.eval_bytes_per_token if has_eval and splits.eval_bytes_per_token > 0 else None,
         tokenizer=tokenizer,
+        callbacks=callbacks,
     )
     trainer.recipe = recipe.to_dict()
     output = trainer.train()
     summary = dict(trainer.summary)
-    if recipe.sample.max_new_tokens > 0 and trainer.is_main_process:
+    if recipe.sample.max_new_tokens > 0 and jax.process_count() > 1:
+        logger.warning("sample.max_new_tokens is ignored in a multi-process run; use `scaletrain generate` "
+                       "on the exported model")
+    elif recipe.sample.max_new_tokens > 0 and trainer.is_main_process:
         text = sample_text(output.state.model, tokenizer, recipe)
         summary["sample"] = text
         with open(os.path.join(out, "sample.txt"), "w") as f:

@@ -72,12 +72,28 @@ def state_shardings(state: TrainState) -> TrainState:
     return jax.tree.map(lambda x: x.sharding, state)
 
 
+def to_host(x: Any) -> np.ndarray:
+    """The full value of ``x`` on this host.
+
+    An array sharded over several processes is gathered first
+    (``process_allgather``): a collective, so every process must make the same calls.
+    """
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 def params_sha256(params: Any) -> str:
-    """Digest of parameter values in a fixed key order: equal for bit-identical runs."""
+    """Digest of parameter values in a fixed key order: equal for bit-identical runs.
+
+    With several processes every one must call it (the gather is a collective).
+    """
     digest = hashlib.sha256()
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     for path, leaf in sorted(flat, key=lambda kv: jax.tree_util.keystr(kv[0])):
-        host = np.asarray(jax.device_get(leaf))
+        host = to_host(leaf)
         digest.update(jax.tree_util.keystr(path).encode())
         digest.update(str(host.dtype).encode())
         digest.update(np.ascontiguousarray(host).tobytes())

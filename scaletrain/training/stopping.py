@@ -12,6 +12,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from scaletrain.errors import ScaletrainError
 from scaletrain.training.callbacks import Callback, StepOutput
 
@@ -57,17 +59,45 @@ class StoppingRules(Callback):
         self._check(trainer, step)
 
     def _check(self, trainer: BaseTrainer, step: int) -> None:
+        import jax
+
+        a = trainer.arguments
+        multi = jax.process_count() > 1
+        if self._signal is None or multi:  # step counts are the same on every process: no agreement needed
+            if a.exit_iteration is not None and step >= a.exit_iteration:
+                trainer.request_stop(f"reached exit_iteration {a.exit_iteration}")
+                return
+            if a.exit_iteration_this_run is not None and step - trainer.start_step >= a.exit_iteration_this_run:
+                trainer.request_stop(f"reached exit_iteration_this_run {a.exit_iteration_this_run} (step {step})")
+                return
+        code = self._local_code(trainer)
+        if multi:
+            # Signals, the kill switch and the clock are seen by each process on its own; all
+            # must stop after the same step or their collectives hang. They agree at log steps
+            # (the same steps everywhere, where the loop waits for the device anyway).
+            if step % a.log_steps and step < trainer.max_training_steps:
+                return
+            from jax.experimental import multihost_utils
+
+            seen = [int(c) for c in np.ravel(multihost_utils.process_allgather(np.int32(code))) if c]
+            code = min(seen) if seen else 0  # the same priority as in one process
+        if code == 1:
+            trainer.request_stop(f"received {self._signal or 'a signal (on another process)'} at step {step}")
+        elif code == 2:
+            trainer.request_stop(f"found kill switch {a.kill_switch_path} at step {step}")
+        elif code == 3:
+            trainer.request_stop(f"reached training_time_limit {a.training_time_limit} at step {step}")
+
+    def _local_code(self, trainer: BaseTrainer) -> int:
+        """What this process sees: 1 a signal, 2 the kill switch, 3 the time limit, 0 nothing."""
         a = trainer.arguments
         if self._signal is not None:
-            trainer.request_stop(f"received {self._signal} at step {step}")
-        elif a.exit_iteration is not None and step >= a.exit_iteration:
-            trainer.request_stop(f"reached exit_iteration {a.exit_iteration}")
-        elif a.exit_iteration_this_run is not None and step - trainer.start_step >= a.exit_iteration_this_run:
-            trainer.request_stop(f"reached exit_iteration_this_run {a.exit_iteration_this_run} (step {step})")
-        elif a.kill_switch_path and os.path.exists(a.kill_switch_path):
-            trainer.request_stop(f"found kill switch {a.kill_switch_path} at step {step}")
-        elif self._deadline is not None and time.monotonic() >= self._deadline:
-            trainer.request_stop(f"reached training_time_limit {a.training_time_limit} at step {step}")
+            return 1
+        if a.kill_switch_path and os.path.exists(a.kill_switch_path):
+            return 2
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return 3
+        return 0
 
 
 class NanGuard(Callback):

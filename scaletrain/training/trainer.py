@@ -612,8 +612,12 @@ class Trainer(BaseTrainer):
             "tokens_per_s": steady.get("tokens_per_s", last_train.get("tokens_per_s")),
             "tflops": steady.get("tflops", last_train.get("tflops")),
             "mfu": steady.get("mfu", last_train.get("mfu")),
+            "max_training_steps": self.max_training_steps,
+            "train_tokens": self.global_step * self.arguments.total_batch_size * self.arguments.max_length,
+            "flops_per_token": self._flops_per_token,
             "num_params": self._model_state.num_params,
-            "params_sha256": params_sha256(state.params),
+            "process_count": jax.process_count(),
+            "params_sha256": params_sha256(state.params),  # all processes: the gather is a collective
             "elapsed_s": time.perf_counter() - self.start_time,
             "checkpoint": self.last_checkpoint,
             "resumed_from": self.resumed_from,

@@ -1,0 +1,38 @@
+"""Fault injection for testing fault tolerance: kill one worker, once, mid-run.
+
+Why in the package: Ray workers unpickle the job by importing the classes it names,
+so a test-only callback defined in a test file would not import there. Use it to
+check that *your* cluster setup restarts and resumes as you expect.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from scaletrain.training.callbacks import Callback
+
+
+class KillWorkerOnce(Callback):
+    """SIGKILL process ``rank`` right after step ``step``, unless ``marker`` exists.
+
+    The marker file is written just before the kill, so the restarted run goes past
+    ``step``. With ``wait_for_checkpoint`` the last asynchronous save is finished
+    first, so the kill lands "after a checkpoint" rather than inside one.
+    """
+
+    def __init__(self, step: int, marker: str, rank: int = 1, wait_for_checkpoint: bool = True):
+        self.step, self.marker, self.rank, self.wait_for_checkpoint = step, marker, rank, wait_for_checkpoint
+
+    def post_step(self, trainer: Any, step: int, metrics: Any) -> None:
+        import jax
+
+        if step != self.step or jax.process_index() != self.rank or os.path.exists(self.marker):
+            return
+        metrics.host()  # the step itself has run
+        if self.wait_for_checkpoint:
+            trainer.checkpoint_manager.wait()
+        with open(self.marker, "w") as f:
+            f.write(f"killed process {self.rank} after step {step}\n")
+        os.kill(os.getpid(), signal.SIGKILL)

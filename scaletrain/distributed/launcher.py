@@ -1,0 +1,366 @@
+"""Run one training on N JAX processes with Ray Train (``ray.train.v2.jax.JaxTrainer``).
+
+What each worker does, and why:
+
+1. ``jax.distributed`` is initialised before JAX touches a device. On GPU/TPU Ray's
+   JAX backend does it. On CPU Ray does not (``JaxConfig`` skips CPU), so rank 0 picks
+   a coordinator address, ``ray.train.collective.broadcast_from_rank_zero`` hands it
+   to everyone, and each worker calls ``jax.distributed.initialize``. Workers run with
+   ``XLA_FLAGS`` cleared: one CPU device per process (several local devices per
+   process can hang later steps on the gloo collectives).
+2. The job (a picklable :class:`TrainJob` or :class:`RecipeJob`) builds the model on
+   the global mesh and trains; :func:`make_batch_iterator` gives each process its own
+   rows of every global batch; orbax writes checkpoints from all processes into the
+   run's ``output_dir`` (which every worker must reach: a shared or network folder).
+3. Metrics go to Ray through ``ray.train.report`` at every log step (a barrier, so all
+   ranks call it), and ``summary.json`` is written by process 0.
+
+Fault tolerance: with ``max_failures > 0`` Ray Train restarts the whole worker group
+after a worker dies; the new processes resume from the newest complete checkpoint in
+``output_dir`` (``resume_if_possible``). The driver refuses to start on top of
+checkpoints it did not write unless ``resume_if_possible`` is set, so every checkpoint
+a restarted worker finds belongs to this run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaletrain.errors import CheckpointError, ConfigError, ScaletrainError
+
+logger = logging.getLogger("scaletrain")
+
+ATTEMPTS_FILE = "ray_attempts.jsonl"
+
+
+# ---- jobs: what every worker runs ----------------------------------------------------
+@dataclass
+class TrainJob:
+    """``RayDistributedTrainer.train`` with these arguments, run on every worker."""
+
+    trainer: Any
+    scaling_index: int
+    arguments: Any
+    dataset_train: Any
+    dataset_eval: Any = None
+    data_collator: Callable | None = None
+    callbacks: tuple[Any, ...] = ()
+
+    def __call__(self, callbacks: Sequence[Any]) -> dict[str, Any]:
+        from scaletrain.training.callbacks import Callback
+
+        train = self.dataset_train() if callable(self.dataset_train) else self.dataset_train
+        evals = self.dataset_eval() if callable(self.dataset_eval) else self.dataset_eval
+        arguments = self.arguments.model_copy(update={"resume_if_possible": True})
+        captured: dict[str, Any] = {}
+
+        class Capture(Callback):
+            def post_init(self, trainer: Any) -> None:
+                captured["trainer"] = trainer
+
+        self.trainer.train(self.scaling_index, arguments, train, evals, self.data_collator,
+                           callbacks=[*self.callbacks, *callbacks, Capture()])
+        return dict(captured["trainer"].summary)
+
+
+@dataclass
+class RecipeJob:
+    """``scaletrain.run.run_training(recipe)`` on every worker (the CLI's path)."""
+
+    recipe: Any
+
+    def __call__(self, callbacks: Sequence[Any]) -> dict[str, Any]:
+        from scaletrain.run import run_training
+
+        recipe = self.recipe.model_copy(deep=True)
+        recipe.training.resume_if_possible = True
+        return run_training(recipe, callbacks=callbacks)
+
+
+def _report_callback() -> Any:
+    from scaletrain.training.callbacks import Callback
+
+    class RayReport(Callback):
+        """``ray.train.report`` of each logged train record (all ranks call it: it is a barrier)."""
+
+        def post_step(self, trainer: Any, step: int, metrics: Any) -> None:
+            record = trainer.metrics_logger.last_train
+            if record.get("step") == step:
+                import ray.train
+
+                ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float, str))})
+
+    return RayReport()
+
+
+def _placement_callback(folder: str) -> Any:
+    from scaletrain.training.callbacks import Callback
+
+    class RecordPlacement(Callback):
+        """Write ``placement-<rank>.json``: the mesh's processes and how the parameters are spread.
+
+        Why: a run that silently trained N replicas instead of one sharded model looks
+        fine from its losses; this file shows the state really spans the processes.
+        """
+
+        def post_init(self, trainer: Any) -> None:
+            import jax
+
+            leaves = jax.tree.leaves(trainer.model_state.params)
+            sharded = [x for x in leaves if not x.sharding.is_fully_replicated]
+            record = {
+                "process_index": jax.process_index(),
+                "process_count": jax.process_count(),
+                "local_devices": jax.local_device_count(),
+                "global_devices": jax.device_count(),
+                "mesh": dict(trainer.mesh.shape),
+                "mesh_processes": sorted({int(d.process_index) for d in trainer.mesh.devices.flat}),
+                "params": len(leaves),
+                "sharded_params": len(sharded),
+                "fully_addressable_sharded_params": sum(bool(x.is_fully_addressable) for x in sharded),
+            }
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"placement-{jax.process_index()}.json"), "w") as f:
+                json.dump(record, f)
+
+    return RecordPlacement()
+
+
+# ---- inside a worker -------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def init_jax_distributed(rank: int, world_size: int) -> None:
+    """Join this process to the JAX job (CPU: coordinator address broadcast from rank 0)."""
+    import jax
+
+    if jax.distributed.is_initialized():  # Ray's JAX backend did it (GPU/TPU)
+        return
+    from ray.train.collective import broadcast_from_rank_zero
+    from ray.util import get_node_ip_address
+
+    address = f"{get_node_ip_address()}:{free_port()}" if rank == 0 else None
+    address = broadcast_from_rank_zero(address)
+    jax.distributed.initialize(coordinator_address=address, num_processes=world_size, process_id=rank)
+
+
+def worker_loop(config: dict[str, Any]) -> None:
+    """``train_loop_per_worker`` of the JaxTrainer."""
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    for noisy in ("jax._src.xla_bridge", "absl", "orbax", "jax._src.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    started = time.time()
+    if os.path.isdir(config.get("cwd") or ""):
+        os.chdir(config["cwd"])  # Ray starts workers in its own folder: relative paths mean the driver's
+    init_jax_distributed(rank, world)
+    import jax
+
+    out = config["output_dir"]
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
+            f.write(json.dumps({"started": started, "jax_ready": time.time(), "processes": jax.process_count(),
+                                "devices": jax.device_count()}) + "\n")
+    summary = config["job"]([_report_callback(), _placement_callback(os.path.join(out, "ray"))])
+    ray.train.report({"finished": 1, "final_step": summary.get("final_step"),
+                      "params_sha256": summary.get("params_sha256"),
+                      "final_train_loss": summary.get("final_train_loss"),
+                      "final_eval_loss": summary.get("final_eval_loss")})
+
+
+# ---- on the driver -----------------------------------------------------------------------
+@dataclass
+class LaunchResult:
+    """What a Ray run left.
+
+    ``summary``: process 0's ``summary.json``; ``attempts``: one record per start of the
+    worker group (``restarts`` = attempts - 1); ``placement``: per process, the mesh and
+    how many sharded parameters it could address fully (0 when sharded across
+    processes); ``ray_result``: Ray Train's ``Result``.
+    """
+
+    output_dir: str
+    summary: dict[str, Any]
+    ray_result: Any = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def restarts(self) -> int:
+        """How many times the worker group was started again after a failure."""
+        return max(0, len(self.attempts) - 1)
+
+
+def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the Ray workers: set explicitly, never inherited from a test's fake devices."""
+    import scaletrain
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(scaletrain.__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    env = {
+        "XLA_FLAGS": "",  # no --xla_force_host_platform_device_count: one CPU device per process
+        "JAX_PLATFORMS": "cuda" if use_gpu else ("tpu" if use_tpu else "cpu"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": root + (os.pathsep + path if path else ""),
+    }
+    env.update(extra or {})
+    return env
+
+
+def _existing_checkpoints(output_dir: str) -> list[int]:
+    folder = os.path.join(output_dir, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(d) for d in os.listdir(folder) if d.isdigit())
+
+
+def import_ray() -> Any:
+    """``ray``, or a ConfigError saying how to install it (it is an optional extra)."""
+    try:
+        import ray
+        import ray.train  # noqa: F401
+    except ImportError:
+        raise ConfigError("Ray is not installed; install the extra: pip install 'scaletrain[ray]'") from None
+    return ray
+
+
+def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
+    """Connect to ``address`` (``"auto"``: the running cluster) or start a local instance.
+
+    Returns True when this call started Ray (and the caller must shut it down).
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    if address is None:  # the local instance inherits this process's environment (PYTHONPATH included)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+    else:  # a running cluster does not: every process of this job (Ray Train's controller too) must import scaletrain
+        env = {"PYTHONPATH": make_worker_env(False, False)["PYTHONPATH"]}
+        ray.init(address=address, configure_logging=False, runtime_env={"env_vars": env})
+    return True
+
+
+def launch_on_ray(
+    job: Callable[[Sequence[Any]], dict[str, Any]],
+    *,
+    num_workers: int,
+    output_dir: str,
+    max_failures: int = 0,
+    ray_address: str | None = None,
+    resources_per_worker: dict[str, float] | None = None,
+    use_gpu: bool = False,
+    use_tpu: bool = False,
+    worker_env: dict[str, str] | None = None,
+    num_cpus: int | None = None,
+    resume_if_possible: bool = False,
+) -> LaunchResult:
+    """Run ``job`` on ``num_workers`` Ray Train workers; one JAX process each.
+
+    - ``ray_address``: None starts a local Ray instance (``num_cpus`` logical CPUs,
+      default ``num_workers`` × the CPUs per worker) and stops it afterwards;
+      ``"auto"`` or ``"ray://host:port"`` joins an existing cluster (scaletrain must be
+      importable on its nodes, and ``output_dir`` reachable from all of them).
+    - ``resources_per_worker``: e.g. ``{"CPU": 1}`` (default) or ``{"GPU": 1}``.
+    - ``use_gpu`` / ``use_tpu``: Ray's JAX backend initialises ``jax.distributed``.
+    - ``max_failures``: restarts of the worker group after a failure (-1: unlimited);
+      each restart resumes from the newest checkpoint (set ``save_steps``).
+    - ``worker_env``: extra environment variables for the workers.
+    """
+    ray = import_ray()
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.jax import JaxTrainer
+
+    if num_workers < 1:
+        raise ConfigError(f"ray.num_workers must be >= 1, got {num_workers}")
+    output_dir = os.path.abspath(output_dir)
+    done = _existing_checkpoints(output_dir)
+    if done and not resume_if_possible:
+        raise CheckpointError(
+            f"{output_dir}/checkpoints already holds checkpoints {done}; set training.resume_if_possible=true to "
+            "continue that run, or choose a new training.output_dir"
+        )
+    resources = dict(resources_per_worker or ({"GPU": 1} if use_gpu else {"CPU": 1}))
+    if num_cpus is None and ray_address is None:
+        num_cpus = max(1, int(num_workers * resources.get("CPU", 1)))
+    started_ray = ensure_ray(ray_address, num_cpus)
+    t0, wall0 = time.perf_counter(), time.time()
+    try:
+        trainer = JaxTrainer(
+            worker_loop,
+            train_loop_config={"job": job, "output_dir": output_dir, "cwd": os.getcwd()},
+            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, use_tpu=use_tpu,
+                                         resources_per_worker=resources),
+            run_config=RunConfig(
+                name="ray",
+                storage_path=output_dir,
+                failure_config=FailureConfig(max_failures=max_failures),
+                worker_runtime_env={"env_vars": make_worker_env(use_gpu, use_tpu, worker_env)},
+            ),
+        )
+        try:
+            result = trainer.fit()
+        except Exception as err:
+            raise _unwrap(err) from err
+    finally:
+        if started_ray:
+            ray.shutdown()
+    return LaunchResult(
+        output_dir=output_dir,
+        summary=_read_json(os.path.join(output_dir, "summary.json")),
+        ray_result=result,
+        attempts=[a for a in _read_attempts(output_dir) if a.get("started", 0) >= wall0],
+        placement=[_read_json(os.path.join(output_dir, "ray", f"placement-{i}.json")) for i in range(num_workers)],
+        elapsed_s=time.perf_counter() - t0,
+    )
+
+
+def _unwrap(err: BaseException) -> BaseException:
+    """The first user error (ScaletrainError) raised inside a worker, else ``err`` itself."""
+    seen: set[int] = set()
+    stack: list[Any] = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ScaletrainError):
+            return type(e)(str(e))
+        for attr in ("worker_failures", "errors"):
+            more = getattr(e, attr, None)
+            if isinstance(more, dict):
+                stack.extend(more.values())
+            elif isinstance(more, (list, tuple)):
+                stack.extend(more)
+        stack.extend([getattr(e, "cause", None), e.__cause__, e.__context__])
+    return err
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_attempts(output_dir: str) -> list[dict[str, Any]]:
+    try:
+        with open(os.path.join(output_dir, ATTEMPTS_FILE)) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        return []

@@ -1,0 +1,94 @@
+"""Real multi-process training on Ray Train (CPU), driven by the examples of docs/distributed.md.
+
+One local Ray instance (2 logical CPUs) serves the module; each launch starts two JAX
+processes with one CPU device each (the test process's 8 fake devices are not
+inherited: the launcher sets the workers' XLA_FLAGS).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+
+from docs_testing import doc_blocks, python_blocks  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+DOC = "docs/distributed.md"
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def docs_run(ray_instance, tmp_path_factory):
+    """The doc's API and 2-worker launch examples, run in a fresh folder."""
+    folder = tmp_path_factory.mktemp("docs")
+    old = os.getcwd()
+    os.chdir(folder)
+    namespace: dict = {}
+    try:
+        blocks = doc_blocks(DOC)
+        assert set(blocks) == {"api", "ray-launch", "ray-restart"}
+        assert len(python_blocks(DOC)) == 3  # every python example is one of the tested ones
+        exec(blocks["api"], namespace)
+        exec(blocks["ray-launch"], namespace)
+        yield folder, namespace
+    finally:
+        os.chdir(old)
+
+
+def _losses(folder) -> dict[int, float]:
+    lines = [json.loads(x) for x in open(os.path.join(folder, "metrics.jsonl"))]
+    return {r["step"]: r["loss"] for r in lines if r["split"] == "train"}
+
+
+def test_two_workers_match_one_process(docs_run, tmp_path):
+    folder, ns = docs_run
+    result = ns["result"]
+    assert result.summary["process_count"] == 2 and result.summary["final_step"] == 6
+    assert result.restarts == 0
+    for rank, p in enumerate(result.placement):
+        assert p["process_index"] == rank and p["process_count"] == 2
+        assert p["local_devices"] == 1 and p["global_devices"] == 2
+        assert p["mesh"]["fsdp"] == 2 and p["mesh_processes"] == [0, 1]  # one mesh over both processes
+        assert p["sharded_params"] > 0
+        assert p["fully_addressable_sharded_params"] == 0  # each holds half of every sharded parameter
+
+    # the same training in this one process (8 fake devices), same data and global batches
+    arguments = ns["arguments"].model_copy(update={"output_dir": str(tmp_path)})
+    ns["trainer"].train(1, arguments, ns["train_rows"], ns["eval_rows"])
+    ours, ref = _losses(result.output_dir), _losses(tmp_path)
+    assert sorted(ours) == sorted(ref) == list(range(1, 7))
+    diffs = [abs(ours[s] - ref[s]) for s in ref]
+    print(f"\nmax |loss(2 workers) - loss(1 process)| over {len(ref)} steps = {max(diffs):.3g}; "
+          f"launch took {result.elapsed_s:.1f}s")
+    np.testing.assert_allclose([ours[s] for s in ref], [ref[s] for s in ref], rtol=2e-5, atol=2e-5)
+    ref_summary = json.load(open(tmp_path / "summary.json"))
+    assert result.summary["final_eval_loss"] == pytest.approx(ref_summary["final_eval_loss"], rel=2e-5)
+
+
+def test_killed_worker_restarts_from_checkpoint(docs_run):
+    folder, ns = docs_run
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        exec(doc_blocks(DOC)["ray-restart"], ns)  # asserts restarts == 1 and the same params_sha256
+    finally:
+        os.chdir(old)
+    killed = ns["killed"]
+    marker = folder / "runs" / "killed-once.txt"
+    restart_s = killed.attempts[1]["jax_ready"] - os.path.getmtime(marker)
+    print(f"\nworker SIGKILLed after step 5 -> new group in jax.distributed after {restart_s:.1f}s; "
+          f"resumed from {killed.summary['resumed_from']}; launch took {killed.elapsed_s:.1f}s")
+    lines = [json.loads(x) for x in open(os.path.join(killed.output_dir, "metrics.jsonl"))]
+    assert [r["step"] for r in lines if r["split"] == "train"][-2:] == [5, 6]  # steps 5-6 ran again
