@@ -117,6 +117,7 @@ class ContenderResult:
     name: str
     boundaries: list[int] = field(default_factory=list)  # step numbers
     times: list[float] = field(default_factory=list)  # perf_counter at each boundary
+    cpu_times: list[float] = field(default_factory=list)  # process CPU seconds (all threads) at each boundary
     first_step_s: float | None = None  # from process launch to the end of step 1
     peak_rss_mb: float | None = None
     final_loss: float | None = None
@@ -127,9 +128,20 @@ class ContenderResult:
         rates = self.window_rates(tokens_per_step)[1:]
         return statistics.median(rates) if rates else None
 
-    def window_rates(self, tokens_per_step: int) -> list[float]:
+    def steady_tokens_per_cpu_s(self, tokens_per_step: int) -> float | None:
+        """Median tokens per CPU-second (this process's threads) over the steady windows.
+
+        Less sensitive than wall time to other processes on a shared machine (but
+        spin-waiting threads count as busy), so it is reported next to tokens/s.
+        """
+        rates = self.window_rates(tokens_per_step, self.cpu_times)[1:]
+        return statistics.median(rates) if rates else None
+
+    def window_rates(self, tokens_per_step: int, clock: list[float] | None = None) -> list[float]:
+        """Tokens per second of ``clock`` (wall by default) in each window between boundaries."""
+        times = self.times if clock is None else clock
         out = []
-        for (s0, t0), (s1, t1) in zip(zip(self.boundaries, self.times), zip(self.boundaries[1:], self.times[1:])):
+        for (s0, t0), (s1, t1) in zip(zip(self.boundaries, times), zip(self.boundaries[1:], times[1:])):
             if t1 > t0:
                 out.append((s1 - s0) * tokens_per_step / (t1 - t0))
         return out
@@ -150,6 +162,7 @@ class StepClock:
 
     def mark(self, step: int) -> None:
         now = time.perf_counter()
+        self.result.cpu_times.append(time.process_time())
         if step == 1:
             self.result.first_step_s = time.time() - self._launch
         self.result.boundaries.append(step)

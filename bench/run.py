@@ -49,8 +49,8 @@ TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_lay
             num_key_value_heads=2, seq_len=32, batch_size=4)
 
 
-def child_env(t0: float, xla_flags: str = "") -> dict[str, str]:
-    """The environment of a contender: one real CPU device, scaletrain importable."""
+def child_env(t0: float, xla_flags: str = "", root: str = ROOT) -> dict[str, str]:
+    """The environment of a contender: one real CPU device, scaletrain importable from ``root``."""
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     flags += xla_flags.split()
@@ -58,7 +58,7 @@ def child_env(t0: float, xla_flags: str = "") -> dict[str, str]:
     if not env["XLA_FLAGS"]:
         del env["XLA_FLAGS"]
     env["JAX_PLATFORMS"] = env.get("BENCH_JAX_PLATFORMS", "cpu")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env[T0_ENV] = repr(t0)
@@ -80,15 +80,15 @@ def probe(python: str, cfg: BenchConfig) -> dict[str, float]:
 
 
 def run_one(name: str, python: str, cfg_path: str, tokens_path: str, workdir: str, timeout: float,
-            xla_flags: str) -> tuple[ContenderResult | None, str | None, float]:
+            xla_flags: str, root: str = ROOT) -> tuple[ContenderResult | None, str | None, float]:
     """Run one contender process; returns (result, error, wall seconds)."""
-    script, variant, _ = CONTENDERS[name]
+    script, variant, _ = CONTENDERS[name.split("@")[0]]
     out = os.path.join(workdir, f"{name}-{time.monotonic_ns()}.json")
     cmd = [python, os.path.join(HERE, "contenders", script), "--config", cfg_path, "--tokens", tokens_path,
            "--out", out, "--variant", variant]
     t0 = time.time()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(t0, xla_flags),
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(t0, xla_flags, root),
                               cwd=workdir)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:.0f}s", time.time() - t0
@@ -104,7 +104,7 @@ def interpreters(names: list[str]) -> dict[str, tuple[str | None, str | None]]:
     """kind -> (python, reason it is missing)."""
     from envs import easydel_interpreter, hf_interpreter
 
-    kinds = {CONTENDERS[n][2] for n in names}
+    kinds = {CONTENDERS[n.split("@")[0]][2] for n in names}
     out: dict[str, tuple[str | None, str | None]] = {}
     for kind in kinds:
         if kind == "main":
@@ -123,11 +123,14 @@ def summarise(results: list[ContenderResult], cfg: BenchConfig, peak: float, fpt
     tps = [r.steady_tokens_per_s(cfg.tokens_per_step) for r in results]
     tps = [t for t in tps if t is not None]
     med = statistics.median(tps) if tps else None
+    cpu = [r.steady_tokens_per_cpu_s(cfg.tokens_per_step) for r in results if r.cpu_times]
+    cpu = [c for c in cpu if c is not None]
     first = [r.first_step_s for r in results if r.first_step_s is not None]
     rss = [r.peak_rss_mb for r in results if r.peak_rss_mb is not None]
     return {
         "tokens_per_s": med,
         "tokens_per_s_per_repeat": tps,
+        "tokens_per_cpu_s": statistics.median(cpu) if cpu else None,
         "first_step_s": statistics.median(first) if first else None,
         "peak_rss_mb": statistics.median(rss) if rss else None,
         "mfu": None if med is None else med * fpt / peak,
@@ -144,16 +147,18 @@ def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, why_missing: str |
 
 
 def markdown_table(summary: dict[str, dict[str, Any]], errors: dict[str, str]) -> str:
-    lines = ["| contender | tokens/s (median) | per repeat | MFU | first step (s) | peak RSS (MB) | scaletrain ÷ it |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| contender | tokens/s (median) | per repeat | MFU | tokens/CPU-s | first step (s) | peak RSS (MB) "
+             "| scaletrain ÷ it |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     st = summary.get("scaletrain", {}).get("tokens_per_s")
     for name, s in summary.items():
         if s.get("tokens_per_s") is None:
-            lines.append(f"| {name} | — | — | — | — | — | n/a: {errors.get(name, 'not run')[:120]} |")
+            lines.append(f"| {name} | — | — | — | — | — | — | n/a: {errors.get(name, 'not run')[:120]} |")
             continue
         rel = f"{st / s['tokens_per_s']:.3f}" if st else "—"
         reps = ", ".join(f"{t:.0f}" for t in s["tokens_per_s_per_repeat"])
-        lines.append(f"| {name} | {s['tokens_per_s']:.0f} | {reps} | {100 * s['mfu']:.1f}% | "
+        cpu = "—" if s.get("tokens_per_cpu_s") is None else f"{s['tokens_per_cpu_s']:.0f}"
+        lines.append(f"| {name} | {s['tokens_per_s']:.0f} | {reps} | {100 * s['mfu']:.1f}% | {cpu} | "
                      f"{s['first_step_s']:.1f} | {s['peak_rss_mb']:.0f} | {rel} |")
     return "\n".join(lines)
 
@@ -172,9 +177,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per contender run")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/<date>.json)")
     p.add_argument("--label", default="", help="free text stored in the JSON")
+    p.add_argument("--baseline-root", default=None,
+                   help="another scaletrain checkout: adds contender scaletrain@base run from it (before/after)")
     a = p.parse_args(argv)
     names = [n.strip() for n in a.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONTENDERS]
+    if a.baseline_root:
+        names.insert(names.index("scaletrain") + 1 if "scaletrain" in names else 0, "scaletrain@base")
+    unknown = [n for n in names if n.split("@")[0] not in CONTENDERS]
     if unknown:
         p.error(f"unknown contender(s) {unknown}; choose from {list(CONTENDERS)}")
     overrides = TINY if a.tiny else {}
@@ -200,17 +209,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         np.save(tokens_path, make_tokens(cfg))
         for rep in range(a.repeats):
             for name in names:
-                python, reason = pythons[CONTENDERS[name][2]]
+                python, reason = pythons[CONTENDERS[name.split("@")[0]][2]]
                 if python is None:
                     errors[name] = reason or "no interpreter"
                     continue
                 if name in errors and not results[name]:
                     continue  # failed before: don't pay for it again
                 load = os.getloadavg()[0]
-                res, err, wall = run_one(name, python, cfg_path, tokens_path, work, a.timeout, a.xla_flags)
+                root = os.path.abspath(a.baseline_root) if name.endswith("@base") else ROOT
+                res, err, wall = run_one(name, python, cfg_path, tokens_path, work, a.timeout, a.xla_flags, root)
                 tps = None if res is None else res.steady_tokens_per_s(cfg.tokens_per_step)
                 runs.append({"repeat": rep, "contender": name, "load_1min": load, "wall_s": wall,
                              "tokens_per_s": tps, "error": err,
+                             "tokens_per_cpu_s": None if res is None else res.steady_tokens_per_cpu_s(cfg.tokens_per_step),
                              "window_tokens_per_s": None if res is None else res.window_rates(cfg.tokens_per_step)})
                 if res is None:
                     errors[name] = err or "failed"
@@ -218,7 +229,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 results[name].append(res)
                 print(f"[bench] round {rep + 1} {name}: {tps or float('nan'):.0f} tokens/s, first step "
-                      f"{res.first_step_s:.1f}s, peak RSS {res.peak_rss_mb:.0f} MB, load {load:.2f}", flush=True)
+                      f"{res.first_step_s:.1f}s, {res.steady_tokens_per_cpu_s(cfg.tokens_per_step) or float('nan'):.0f} "
+                      f"tokens/CPU-s, peak RSS {res.peak_rss_mb:.0f} MB, load {load:.2f}", flush=True)
 
     summary = {n: summarise(results[n], cfg, info["peak"], info["fpt"]) for n in names}
     st = summary.get("scaletrain")
@@ -232,6 +244,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        ("vs_hf_eager", "hf_eager")):
         if other not in names:
             ratios[key] = {"value": None, "reason": "not selected (--only)"}
+    if "scaletrain@base" in summary:
+        ratios["vs_scaletrain_base"] = ratio(st, summary["scaletrain@base"], errors.get("scaletrain@base"))
+    for key, other in (("cpu_vs_bare_jax", "bare_jax"), ("cpu_vs_hf_compile", "hf_compile"),
+                       ("cpu_vs_easydel", "easydel")):
+        mine, theirs = (st or {}).get("tokens_per_cpu_s"), summary.get(other, {}).get("tokens_per_cpu_s")
+        if mine and theirs:
+            ratios[key] = {"value": mine / theirs}
     if st and summary.get("easydel", {}).get("peak_rss_mb") and st.get("peak_rss_mb"):
         ratios["rss_vs_easydel"] = {"value": st["peak_rss_mb"] / summary["easydel"]["peak_rss_mb"]}
     record = {
