@@ -118,3 +118,20 @@ def test_bf16_compute_keeps_fp32_params(tiny_config_kwargs):
                              rngs=nnx.Rngs(0))
     assert model.model.embed_tokens[...].dtype == jnp.float32
     assert model(jnp.ones((1, 4), jnp.int32)).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_fused_attention_arguments_match_the_einsum_path(window):
+    """The mask/causal/GQA arguments given to jax.nn.dot_product_attention (cuDNN on GPU)
+    mean exactly what our einsum attention computes; checked here with its XLA implementation."""
+    from scaletrain.models.llama import build_attention_mask, dot_product_attention, fused_attention
+
+    rng = np.random.default_rng(0)
+    b, t, nq, nkv, d = 2, 9, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (nq, nkv, nkv))
+    seg = jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1]])
+    pos = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 0, 0], list(range(9))])
+    mask = build_attention_mask(seg, pos, window)
+    want = dot_product_attention(q, k, v, mask, jnp.float32, None)
+    got = fused_attention(q, k, v, mask, implementation="xla")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -172,6 +172,7 @@ class Attention(nnx.Module):
         self.dtype = dtype
         self.softmax_dtype = jnp.dtype(config.attn_softmax_dtype or "float32")
         self.precision = precision
+        self.mechanism = config.attn_mechanism
 
     def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array) -> Array:
         b, t, _ = x.shape
@@ -180,7 +181,10 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
-        out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision)
+        if use_fused_attention(self.mechanism, q.dtype, self.head_dim):
+            out = fused_attention(q, k, v, mask)
+        else:
+            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
@@ -217,6 +221,38 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dty
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
     return out.reshape(b, t, nq, d)
+
+
+def use_fused_attention(mechanism: str, dtype: Any, head_dim: int) -> bool:
+    """Whether to call cuDNN's fused attention instead of the einsum + softmax path.
+
+    ``attn_mechanism="cudnn"`` forces it; ``"auto"`` (and ``"sdpa"``) picks it where it
+    exists and is exact for us: a GPU backend, bf16/fp16 compute, a head dim cuDNN
+    takes (a multiple of 8, at most 128). Anything else (CPU, float32, ``"xla"``,
+    ``"vanilla"``) keeps :func:`dot_product_attention`, whose float32 softmax the HF
+    parity tests check.
+    """
+    if mechanism == "cudnn":
+        return True
+    if mechanism not in ("auto", "sdpa"):
+        return False
+    return (
+        jax.default_backend() == "gpu"
+        and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+        and head_dim % 8 == 0
+        and head_dim <= 128
+    )
+
+
+def fused_attention(q: Array, k: Array, v: Array, mask: Array, implementation: str | None = "cudnn") -> Array:
+    """``jax.nn.dot_product_attention`` on cuDNN (flash attention: no [T, S] scores kept).
+
+    The boolean ``mask`` [B, 1, T, S] from :func:`build_attention_mask` carries the
+    same-segment, padding and window constraints (cuDNN adds it as a bias), and
+    ``is_causal`` lets cuDNN skip the blocks above the diagonal, so packed rows keep
+    exactly the semantics of the einsum path. Softmax runs in float32 inside cuDNN.
+    """
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
 
 
 class MLP(nnx.Module):

@@ -350,7 +350,7 @@ class BaseTrainer(BaseTrainerProtocol):
         if self.last_eval is not None and self.last_eval[0] == step:
             eval_loss = self.last_eval[1]["eval_loss"]
         path = self.checkpoint_manager.save(
-            step, state, {"train": self.dataloader_train.get_state()}, self.checkpoint_metadata(state),
+            step, state, {"train": self.consumed_data_state()}, self.checkpoint_metadata(state),
             eval_loss=eval_loss,
         )
         self.last_checkpoint = path
@@ -387,6 +387,15 @@ class BaseTrainer(BaseTrainerProtocol):
         self.resumed_from = source.path(step)
         logger.info("resumed from %s (step %d)", self.resumed_from, step)
         return state
+
+    def consumed_data_state(self) -> Any:
+        """The training iterator's position after the last batch a step consumed.
+
+        The loop reads one batch ahead (see ``Trainer._loop``), so the iterator itself
+        is a batch further on; a checkpoint must record where the *state* is.
+        """
+        consumed = getattr(self, "_consumed_data_state", None)
+        return consumed if consumed is not None else self.dataloader_train.get_state()
 
     # ---- helpers used by callbacks ---------------------------------------------------
     def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -476,9 +485,25 @@ class Trainer(BaseTrainer):
             last_save_file_name=None if self.last_checkpoint is None else os.path.basename(self.last_checkpoint),
         )
 
+    def _fetch_batch(self) -> tuple[dict[str, jax.Array], Any] | None:
+        """The next batch, already placed on the devices, and the iterator state after it."""
+        try:
+            batch = next(self.dataloader_train)
+        except StopIteration:
+            return None
+        return self.shard_batch(batch), self.dataloader_train.get_state()
+
     def _loop(self, state: TrainState) -> TrainState:
+        """Step until a stop condition; batch ``n+1`` is fetched and transferred while step ``n`` runs.
+
+        The step is dispatched asynchronously, so reading and placing the next batch
+        right after the dispatch overlaps it with the device's work, and a callback
+        that syncs on step ``n`` (a log step) finds step ``n+1``'s input already there.
+        """
         epoch = None
+        self._consumed_data_state = None
         with jax.set_mesh(self._mesh):
+            ahead = self._fetch_batch() if self.global_step < self.max_training_steps else None
             while self.stop_reason is None and self.global_step < self.max_training_steps:
                 self.epoch = self.global_step // self.steps_per_epoch
                 if self.epoch != epoch:
@@ -486,15 +511,16 @@ class Trainer(BaseTrainer):
                         self.fire("post_epoch", epoch)
                     epoch = self.epoch
                     self.fire("pre_epoch", epoch)
-                try:
-                    batch = next(self.dataloader_train)
-                except StopIteration:
+                if ahead is None:
                     self.request_stop(f"the training data ran out after step {self.global_step}")
                     break
+                batch, data_state = ahead
                 step = self.global_step + 1
                 self.fire("pre_step", step)
                 state = self.on_step_start(state, step)
-                state, metrics = self.sharded_training_step_function(state, self.shard_batch(batch))
+                state, metrics = self.sharded_training_step_function(state, batch)
+                self._consumed_data_state = data_state
+                ahead = self._fetch_batch() if step < self.max_training_steps else None
                 state, metrics = self.on_step_end(state, metrics, step)
                 self.global_step = step
                 self.current_state = state

@@ -1,0 +1,43 @@
+"""The benchmarks run end to end (tiny configs; speed is never asserted here)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    env["PYTHONPATH"] = ROOT
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def test_run_writes_ratios_for_the_in_process_contenders(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--tiny", "--steps", "3", "--window", "1",
+           "--repeats", "1", "--only", "scaletrain,bare_jax", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert {"vs_bare_jax", "vs_easydel", "vs_hf_compile"} <= set(record["ratios"])
+    assert record["ratios"]["vs_bare_jax"] > 0
+    assert record["ratios"]["vs_easydel"] is None and "not selected" in record["ratio_notes"]["vs_easydel"]
+    for name in ("scaletrain", "bare_jax"):
+        c = record["contenders"][name]
+        assert c["tokens_per_s"] > 0 and c["first_step_s"] > 0 and c["peak_rss_mb"] > 0 and c["mfu"] > 0
+    assert "| scaletrain |" in done.stdout
+
+
+def test_gpu_benchmark_runs_tiny_on_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--tiny", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["tiny"] is True and result["config"]["dtype"] == "bfloat16"
+    for key in ("tokens_per_s", "tflops", "mfu", "first_step_s"):
+        assert result[key] > 0, key
