@@ -287,28 +287,22 @@ class RayDistributedTrainer:
     @staticmethod
     def extract_column_names(dataset: Any) -> list[str] | None:
         """Column names of a dataset (``column_names``, else the first example's keys)."""
-        if hasattr(dataset, "column_names") and dataset.column_names:
-            return list(dataset.column_names)
-        for sample in dataset:
-            return list(sample.keys())
-        return None
+        from scaletrain.data.processing import extract_column_names
+
+        return extract_column_names(dataset)
 
     def process_sample_data(self, sample: Any, max_length: int, padding_side: str = "left") -> dict[str, np.ndarray]:
         """Tokenize one text, padded and truncated to ``max_length``; arrays flattened to 1-D."""
-        out = self.processor(
-            sample, padding="max_length", max_length=max_length, return_tensors="np",
-            padding_side=padding_side, return_attention_mask=True, truncation=True,
-        )
-        return {k: (v.reshape(-1) if hasattr(v, "shape") else v) for k, v in out.items()}
+        from scaletrain.data.processing import process_sample_data
+
+        return process_sample_data(self.processor, sample, max_length, padding_side)  # type: ignore[arg-type]
 
     def process_messages_data(self, messages: Any, max_length: int,
                               padding_side: str = "left") -> dict[str, np.ndarray]:
         """Apply the tokenizer's chat template to ``messages``, padded to ``max_length``; arrays flattened."""
-        out = self.processor.apply_chat_template(
-            messages, padding="max_length", max_length=max_length, return_tensors="np",
-            padding_side=padding_side, return_dict=True, truncation=True,
-        )
-        return {k: (v.reshape(-1) if hasattr(v, "shape") else v) for k, v in out.items()}
+        from scaletrain.data.processing import process_messages_data
+
+        return process_messages_data(self.processor, messages, max_length, padding_side)  # type: ignore[arg-type]
 
     # ---- models -------------------------------------------------------------------
     def create_config(self, scaling_index: int) -> Any:
