@@ -6,8 +6,7 @@ CLI's ``--help`` does not pay for JAX start-up.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from scaletrain._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -35,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "save_hf_checkpoint": "scaletrain.models.hf",
     "generate": "scaletrain.generation",
     "Recipe": "scaletrain.recipe",
+    "RayDistributedTrainer": "scaletrain.distributed.ray_trainer",
+    "RayDistributedConfig": "scaletrain.distributed.ray_trainer",
     "ScaletrainError": "scaletrain.errors",
     "ConfigError": "scaletrain.errors",
     "DataError": "scaletrain.errors",
@@ -44,13 +45,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'scaletrain' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports('scaletrain', _EXPORTS, globals())

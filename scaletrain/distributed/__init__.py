@@ -6,8 +6,7 @@ Names are imported lazily: ``import scaletrain.distributed`` neither imports Ray
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from scaletrain._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "RayDistributedTrainer": "scaletrain.distributed.ray_trainer",
@@ -25,13 +24,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'scaletrain.distributed' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports('scaletrain.distributed', _EXPORTS, globals())
