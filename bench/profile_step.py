@@ -24,7 +24,6 @@ import collections
 import functools
 import glob
 import os
-import re
 import sys
 import tempfile
 from typing import Any, Callable
