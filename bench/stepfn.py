@@ -1,6 +1,6 @@
 """scaletrain's jitted train step for a given model and batch shape, outside the Trainer.
 
-Used by ``bench/scaling.py`` and ``bench/profile.py``: they need the exact step the
+Used by ``bench/scaling.py``: it needs the exact step the
 Trainer compiles (same optimizer chain, shardings, donation) without its data loader
 and callbacks, so compile-time memory analysis and step timing are of the real thing.
 """

@@ -44,7 +44,6 @@ def main() -> None:
                 clock.mark(int(step))
             return super().on_step_end(state=state, metrics=metrics, step=step)
 
-    losses: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-easydel-") as tmp:
         args = ed.TrainingArguments(
             save_directory=tmp, model_name="bench", num_train_epochs=1, total_batch_size=cfg.batch_size,
@@ -60,7 +59,6 @@ def main() -> None:
         state = getattr(output, "state", None)
         clock.finish(out, final_loss=None, easydel=ed.__version__, jax=jax.__version__,
                      steps_done=None if state is None else int(jax.device_get(state.step)))
-        del losses
 
 
 if __name__ == "__main__":

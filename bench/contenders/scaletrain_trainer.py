@@ -13,7 +13,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# appended, not prepended: PYTHONPATH (set by run.py, e.g. to a baseline checkout) wins
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from common import StepClock, contender_args  # noqa: E402
 
@@ -51,7 +52,7 @@ def main() -> None:
         trainer = st.Trainer(args, model=model, dataset_train=rows, callbacks=[Clock()])
         trainer.train()
         clock.finish(out, final_loss=trainer.metrics_logger.last_train.get("loss"),
-                     devices=jax.device_count(), backend=jax.default_backend())
+                     devices=jax.device_count(), backend=jax.default_backend(), scaletrain_file=st.__file__)
 
 
 if __name__ == "__main__":

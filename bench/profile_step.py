@@ -1,6 +1,6 @@
 """Where a train step's time goes on the XLA CPU backend, op by op.
 
-``python bench/profile.py [--steps 3] [--dtype float32] [--xla-flags ...]`` traces a
+``python bench/profile_step.py [--steps 3] [--dtype float32] [--xla-flags ...]`` traces a
 few steps of scaletrain's jitted train step and of the bare loop's step (both on
 scaletrain's model module, same shapes as ``bench/run.py``) with ``jax.profiler``
 and per-op trace events (``--xla_cpu_enable_xprof_traceme``), then sums the CPU time
@@ -24,7 +24,6 @@ import collections
 import functools
 import glob
 import os
-import re
 import sys
 import tempfile
 from typing import Any, Callable
@@ -111,6 +110,10 @@ def build_steps(dtype: str, batch: int, seq: int) -> dict[str, Callable[[], Any]
     sbatch = jax.device_put({"input_ids": ids, "segment_ids": np.ones_like(ids),
                              "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), ids.shape).copy()}, bs)
 
+    def scaletrain_cost() -> dict[str, float]:
+        with jax.set_mesh(mesh):
+            return dict(train.lower(holder["state"], sbatch).compile().cost_analysis() or {})
+
     def scaletrain_step() -> Any:
         with jax.set_mesh(mesh):
             holder["state"], m = train(holder["state"], sbatch)
@@ -136,6 +139,11 @@ def build_steps(dtype: str, batch: int, seq: int) -> dict[str, Callable[[], Any]
         bare_state["p"], bare_state["o"], loss = bare(bare_state["p"], bare_state["o"], bids)
         return loss
 
+    def bare_cost() -> dict[str, float]:
+        return dict(bare.lower(bare_state["p"], bare_state["o"], bids).compile().cost_analysis() or {})
+
+    scaletrain_step.cost = scaletrain_cost  # type: ignore[attr-defined]
+    bare_step.cost = bare_cost  # type: ignore[attr-defined]
     return {"scaletrain": scaletrain_step, "bare_jax": bare_step}
 
 
@@ -153,6 +161,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         + ["--xla_cpu_enable_xprof_traceme=true"] + a.xla_flags.split())
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     steps = build_steps(a.dtype, a.batch, a.seq)
+    costs = {name: fn.cost() for name, fn in steps.items()}  # type: ignore[attr-defined]
+    print("XLA cost analysis per step (independent of load):")
+    for name, c in costs.items():
+        print(f"  {name:<12} {c.get('flops', float('nan')) / 1e9:8.2f} GFLOP  "
+              f"{c.get('bytes accessed', float('nan')) / 2**20:9.1f} MiB accessed")
     results = {name: trace(fn, a.steps) for name, fn in steps.items()}
     cats = {name: collections.Counter() for name in results}
     for name, ops in results.items():
