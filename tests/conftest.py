@@ -16,6 +16,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray reads its auth mode once per process: a local ray.init() with RAY_AUTH_MODE unset
+# turns token auth on, and a later in-process instance started with it "disabled" then
+# rejects its own raylet's calls and kills the driver's actors (TrainController
+# "cancelled before it started"). Every in-process and child Ray of the suite uses one mode.
+os.environ["RAY_AUTH_MODE"] = "disabled"
 
 import pytest  # noqa: E402
 

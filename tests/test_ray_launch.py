@@ -23,7 +23,6 @@ DOC = "docs/distributed.md"
 def ray_instance():
     import ray
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
