@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import statistics
@@ -27,6 +26,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+
+from common import write_record  # noqa: E402
 
 
 def folder_bytes(path: str) -> int:
@@ -93,11 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {"date": dt.datetime.now().isoformat(timespec="seconds"),
               "command": "python bench/checkpoint.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "rows": rows}
-    out = a.out or os.path.join(HERE, "results", f"checkpoint-{dt.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
-    print(f"wrote {out}")
+    write_record(record, "checkpoint", a.out)
     return record
 
 

@@ -199,3 +199,19 @@ def variant_arg(argv: list[str] | None = None) -> str:
     p.add_argument("--variant", default="")
     a, _ = p.parse_known_args(argv if argv is not None else sys.argv[1:])
     return a.variant
+
+
+def write_record(record: dict[str, Any], name: str, out: str | None = None) -> str:
+    """Write a benchmark's JSON to ``out`` or ``bench/results/<name>-<date>.json``; return the path.
+
+    Why here: every benchmark keeps its raw numbers next to the docs table they feed.
+    """
+    import datetime as dt
+
+    path = out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                               f"{name}-{dt.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {path}")
+    return path

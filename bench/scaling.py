@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+
+from common import write_record  # noqa: E402
 
 BASE: dict[str, Any] = dict(vocab_size=8192, num_hidden_layers=4, max_position_embeddings=4096)
 #: seed 000's CONFIG_SCALING_VARIABLES (moe_intermediate_size does not apply to a dense Llama)
@@ -97,11 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{name:<14}{r['scaling_index']:>6}{r['batch']:>6}{r['seq']:>6}{r['params'] / 1e6:>9.1f}M"
                   f"{r['step_s']:>9.3f}{r['tokens_per_s']:>9.0f}{100 * r['mfu']:>6.1f}%{r['temp_mb']:>9.1f}"
                   f"{r['args_mb']:>9.1f}{r['load_1min']:>6.1f}")
-    out = a.out or os.path.join(HERE, "results", f"scaling-{dt.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
-    print(f"wrote {out}")
+    write_record(record, "scaling", a.out)
     return record
 
 
