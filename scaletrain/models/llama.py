@@ -22,6 +22,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from scaletrain.models.cpu_dots import matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
 
@@ -60,7 +61,7 @@ class Dense(nnx.Module):
         self.precision = precision
 
     def __call__(self, x: Array) -> Array:
-        y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
+        y = matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -412,9 +413,16 @@ class LlamaForCausalLM(nnx.Module):
         return self.lm_head.kernel[...]
 
     def compute_logits(self, hidden: Array) -> Array:
-        """Logits in the compute dtype from hidden states."""
-        w = self.lm_head_kernel().astype(self.dtype)
-        return jnp.dot(hidden.astype(self.dtype), w, precision=self.precision)
+        """Logits in the compute dtype from hidden states.
+
+        A tied head multiplies by the [vocab, hidden] embedding as a transposed rhs
+        rather than by its transpose, so no [hidden, vocab] copy is made.
+        """
+        if self.lm_head is None:
+            w = self.model.embed_tokens[...].astype(self.dtype)
+            return matmul(hidden.astype(self.dtype), w, rhs_transposed=True, precision=self.precision)
+        w = self.lm_head.kernel[...].astype(self.dtype)
+        return matmul(hidden.astype(self.dtype), w, precision=self.precision)
 
     def __call__(
         self,
