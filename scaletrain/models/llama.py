@@ -211,17 +211,26 @@ class Attention(nnx.Module):
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any) -> Array:
-    """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default)."""
+    """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
+
+    Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
+    dots, so both are batched over (B, kv) with the contraction last on the lhs: the
+    layout XLA CPU runs on YNNPACK without copying the [T, S] scores (see
+    :mod:`scaletrain.models.cpu_dots`). The moves fuse into RoPE or copy [T, D]-sized
+    tensors only.
+    """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
     group = nq // nkv
-    q = q.reshape(b, t, nkv, group, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=precision).astype(softmax_dtype)
+    qh = q.reshape(b, t, nkv, group, d).transpose(0, 2, 3, 1, 4)  # [b, kv, g, t, d]
+    kh = k.transpose(0, 2, 1, 3)  # [b, kv, s, d]
+    vh = v.transpose(0, 2, 1, 3)
+    scores = matmul(qh, kh, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
     scores = scores / jnp.sqrt(jnp.asarray(d, softmax_dtype))
     scores = jnp.where(mask[:, :, None], scores, jnp.finfo(softmax_dtype).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
-    return out.reshape(b, t, nq, d)
+    out = matmul(probs, vh, batch=2, precision=precision)  # [b, kv, g, t, d]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
 
 
 def use_fused_attention(mechanism: str, dtype: Any, head_dim: int) -> bool:
