@@ -51,3 +51,27 @@ def test_backward_has_no_eigen_dot():
     entry = hlo[hlo.index("\nENTRY"):]
     assert not re.search(r"= \S+ dot\(", entry)
     assert len(re.findall(r"ynn_fusion[.\d]* = ", entry)) == 3
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_model_grads_match_plain_dots(tiny_config_kwargs, monkeypatch, tied):
+    """The whole Llama's loss gradient is the same with the CPU matmul and with plain dot_generals."""
+    from flax import nnx
+
+    from scaletrain.models import LlamaConfig, LlamaForCausalLM
+    from scaletrain.models import cpu_dots
+
+    model = LlamaForCausalLM(LlamaConfig(**tiny_config_kwargs, tie_word_embeddings=tied), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    ids = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p)(ids)
+        return jnp.mean(jax.nn.log_softmax(logits[:, :-1]) * jax.nn.one_hot(ids[:, 1:], 128))
+
+    custom = jax.grad(loss)(params)
+    monkeypatch.setattr(cpu_dots, "_cpu_matmul",
+                        lambda a, b, batch, rhs_t, precision: lax.dot_general(a, b, _dims(a, b, batch, rhs_t)))
+    plain = jax.grad(loss)(params)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7),
+                 custom, plain)
