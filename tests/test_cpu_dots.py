@@ -75,3 +75,25 @@ def test_model_grads_match_plain_dots(tiny_config_kwargs, monkeypatch, tied):
     plain = jax.grad(loss)(params)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7),
                  custom, plain)
+
+
+@pytest.mark.parametrize("policy,extra", [("dots", 0), ("dots_with_no_batch_dims", 4)])
+def test_remat_dot_policies_still_save_matmuls(tiny_config_kwargs, policy, extra):
+    """The custom VJP hides dot_general from checkpoint_dots; the named outputs keep the policies' meaning.
+
+    ``dots`` recomputes no matmul in the backward, ``dots_with_no_batch_dims`` only the
+    two attention matmuls per layer (2 layers).
+    """
+    from flax import nnx
+
+    from scaletrain.models import LlamaConfig, LlamaForCausalLM
+
+    ids = jnp.ones((2, 16), jnp.int32)
+
+    def count_dots(remat):
+        model = LlamaForCausalLM(LlamaConfig(**tiny_config_kwargs, gradient_checkpointing=remat), rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(model)
+        f = jax.jit(jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(ids) ** 2)))
+        return f.lower(params).as_text().count("stablehlo.dot_general")
+
+    assert count_dots(policy) == count_dots("none") + extra

@@ -26,8 +26,14 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
+
+#: ``checkpoint_name`` of a :func:`matmul` output on CPU, so that remat policies that save
+#: dots can save it (the custom VJP hides the ``dot_general`` from them)
+MATMUL = "cpu_matmul"
+BATCHED_MATMUL = "cpu_batched_matmul"
 
 
 def _dims(a: Array, b: Array, batch: int, rhs_transposed: bool) -> Any:
@@ -91,5 +97,6 @@ def matmul(a: Array, b: Array, batch: int = 0, rhs_transposed: bool = False, pre
     backward issues only YNNPACK-shaped dots (see the module docstring).
     """
     if jax.default_backend() == "cpu":
-        return _cpu_matmul(a, b, batch, rhs_transposed, precision)
+        out = _cpu_matmul(a, b, batch, rhs_transposed, precision)
+        return checkpoint_name(out, BATCHED_MATMUL if batch else MATMUL)
     return lax.dot_general(a, b, _dims(a, b, batch, rhs_transposed), precision=precision)

@@ -22,6 +22,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from scaletrain.models import cpu_dots
 from scaletrain.models.cpu_dots import matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
@@ -305,8 +306,15 @@ class DecoderLayer(nnx.Module):
 
 _REMAT_POLICIES = {
     "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # cpu_dots.matmul names its outputs: its custom VJP hides the dot from checkpoint_dots
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots,
+        jax.checkpoint_policies.save_only_these_names(cpu_dots.MATMUL, cpu_dots.BATCHED_MATMUL),
+    ),
+    "dots_with_no_batch_dims": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names(cpu_dots.MATMUL),
+    ),
     "save_attention": jax.checkpoint_policies.save_only_these_names("attn_out"),
 }
 
