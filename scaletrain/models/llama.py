@@ -22,6 +22,8 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from scaletrain.models import cpu_dots
+from scaletrain.models.cpu_dots import matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
 
@@ -60,7 +62,7 @@ class Dense(nnx.Module):
         self.precision = precision
 
     def __call__(self, x: Array) -> Array:
-        y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
+        y = matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -210,17 +212,26 @@ class Attention(nnx.Module):
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any) -> Array:
-    """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default)."""
+    """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
+
+    Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
+    dots, so both are batched over (B, kv) with the contraction last on the lhs: the
+    layout XLA CPU runs on YNNPACK without copying the [T, S] scores (see
+    :mod:`scaletrain.models.cpu_dots`). The moves fuse into RoPE or copy [T, D]-sized
+    tensors only.
+    """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
     group = nq // nkv
-    q = q.reshape(b, t, nkv, group, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=precision).astype(softmax_dtype)
+    qh = q.reshape(b, t, nkv, group, d).transpose(0, 2, 3, 1, 4)  # [b, kv, g, t, d]
+    kh = k.transpose(0, 2, 1, 3)  # [b, kv, s, d]
+    vh = v.transpose(0, 2, 1, 3)
+    scores = matmul(qh, kh, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
     scores = scores / jnp.sqrt(jnp.asarray(d, softmax_dtype))
     scores = jnp.where(mask[:, :, None], scores, jnp.finfo(softmax_dtype).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
-    return out.reshape(b, t, nq, d)
+    out = matmul(probs, vh, batch=2, precision=precision)  # [b, kv, g, t, d]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
 
 
 def use_fused_attention(mechanism: str, dtype: Any, head_dim: int) -> bool:
@@ -295,8 +306,15 @@ class DecoderLayer(nnx.Module):
 
 _REMAT_POLICIES = {
     "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # cpu_dots.matmul names its outputs: its custom VJP hides the dot from checkpoint_dots
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots,
+        jax.checkpoint_policies.save_only_these_names(cpu_dots.MATMUL, cpu_dots.BATCHED_MATMUL),
+    ),
+    "dots_with_no_batch_dims": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names(cpu_dots.MATMUL),
+    ),
     "save_attention": jax.checkpoint_policies.save_only_these_names("attn_out"),
 }
 
@@ -412,9 +430,16 @@ class LlamaForCausalLM(nnx.Module):
         return self.lm_head.kernel[...]
 
     def compute_logits(self, hidden: Array) -> Array:
-        """Logits in the compute dtype from hidden states."""
-        w = self.lm_head_kernel().astype(self.dtype)
-        return jnp.dot(hidden.astype(self.dtype), w, precision=self.precision)
+        """Logits in the compute dtype from hidden states.
+
+        A tied head multiplies by the [vocab, hidden] embedding as a transposed rhs
+        rather than by its transpose, so no [hidden, vocab] copy is made.
+        """
+        if self.lm_head is None:
+            w = self.model.embed_tokens[...].astype(self.dtype)
+            return matmul(hidden.astype(self.dtype), w, rhs_transposed=True, precision=self.precision)
+        w = self.lm_head.kernel[...].astype(self.dtype)
+        return matmul(hidden.astype(self.dtype), w, precision=self.precision)
 
     def __call__(
         self,

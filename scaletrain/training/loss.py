@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from scaletrain.models.cpu_dots import matmul
+
 Array = jax.Array
 
 
@@ -76,7 +78,7 @@ def chunked_cross_entropy_sums(hidden: Array, kernel: Array, input_ids: Array, m
 
     @jax.checkpoint
     def one(h_c: Array, t_c: Array, m_c: Array) -> LossSums:
-        logits = jnp.dot(h_c.astype(dtype), w, precision=precision).astype(jnp.float32)
+        logits = matmul(h_c.astype(dtype), w, precision=precision).astype(jnp.float32)
         log_z = jax.nn.logsumexp(logits, axis=-1)
         nll = log_z - jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
         correct = (jnp.argmax(logits, axis=-1) == t_c).astype(jnp.float32)
