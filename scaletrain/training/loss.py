@@ -20,7 +20,7 @@ Array = jax.Array
 class LossSums(NamedTuple):
     loss: Array  # sum of token cross-entropies (nats)
     z_loss: Array  # sum of log(Z)^2 over target tokens
-    correct: Array  # number of targets predicted by argmax
+    correct: Array  # number of targets whose logit is the maximum (argmax up to ties)
     tokens: Array  # number of target tokens
 
 
@@ -41,14 +41,21 @@ def target_mask(input_ids: Array, segment_ids: Array | None, loss_mask: Array | 
 
 def cross_entropy_sums(logits: Array, input_ids: Array, mask: Array) -> LossSums:
     """Sums of next-token cross-entropy for ``logits`` [B, T, V] against ``input_ids`` [B, T]."""
-    logits = logits[:, :-1].astype(jnp.float32)
-    targets = input_ids[:, 1:]
+    return token_sums(logits[:, :-1].astype(jnp.float32), input_ids[:, 1:], mask)
+
+
+def token_sums(logits: Array, targets: Array, mask: Array) -> LossSums:
+    """:class:`LossSums` of float32 ``logits`` [..., V] against ``targets`` [...] under ``mask``.
+
+    A target counts as correct when its logit is the row's maximum (argmax up to
+    exact ties): compared with the max that ``logsumexp`` computes anyway, this
+    saves an argmax pass over the [tokens, vocab] logits (~2% of a CPU step).
+    """
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = log_z - target_logit
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
     return LossSums(
-        loss=jnp.sum(nll * mask),
+        loss=jnp.sum((log_z - target_logit) * mask),
         z_loss=jnp.sum(jnp.square(log_z) * mask),
         correct=jnp.sum(correct * mask),
         tokens=jnp.sum(mask),
@@ -79,11 +86,7 @@ def chunked_cross_entropy_sums(hidden: Array, kernel: Array, input_ids: Array, m
     @jax.checkpoint
     def one(h_c: Array, t_c: Array, m_c: Array) -> LossSums:
         logits = matmul(h_c.astype(dtype), w, precision=precision).astype(jnp.float32)
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        nll = log_z - jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
-        correct = (jnp.argmax(logits, axis=-1) == t_c).astype(jnp.float32)
-        return LossSums(jnp.sum(nll * m_c), jnp.sum(jnp.square(log_z) * m_c), jnp.sum(correct * m_c),
-                        jnp.sum(m_c))
+        return token_sums(logits, t_c, m_c)
 
     def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
         return LossSums(*(a + b for a, b in zip(carry, one(*xs)))), None
