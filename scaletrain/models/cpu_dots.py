@@ -20,7 +20,6 @@ so elsewhere it is the plain ``dot_general``.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -66,9 +65,11 @@ def _contract_m(x: Array, y: Array, batch: int, precision: Any) -> Array:
     return lax.optimization_barrier(out_t).swapaxes(-1, -2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _cpu_matmul(a: Array, b: Array, batch: int, rhs_transposed: bool, precision: Any) -> Array:
+def _plain(a: Array, b: Array, batch: int, rhs_transposed: bool, precision: Any) -> Array:
     return lax.dot_general(a, b, _dims(a, b, batch, rhs_transposed), precision=precision)
+
+
+_cpu_matmul = jax.custom_vjp(_plain, nondiff_argnums=(2, 3, 4))
 
 
 def _cpu_matmul_fwd(a: Array, b: Array, batch: int, rhs_transposed: bool,
@@ -99,4 +100,4 @@ def matmul(a: Array, b: Array, batch: int = 0, rhs_transposed: bool = False, pre
     if jax.default_backend() == "cpu":
         out = _cpu_matmul(a, b, batch, rhs_transposed, precision)
         return checkpoint_name(out, BATCHED_MATMUL if batch else MATMUL)
-    return lax.dot_general(a, b, _dims(a, b, batch, rhs_transposed), precision=precision)
+    return _plain(a, b, batch, rhs_transposed, precision)

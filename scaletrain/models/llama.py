@@ -22,8 +22,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from scaletrain.models import cpu_dots
-from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
 
@@ -309,11 +308,11 @@ _REMAT_POLICIES = {
     # cpu_dots.matmul names its outputs: its custom VJP hides the dot from checkpoint_dots
     "dots": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots,
-        jax.checkpoint_policies.save_only_these_names(cpu_dots.MATMUL, cpu_dots.BATCHED_MATMUL),
+        jax.checkpoint_policies.save_only_these_names(MATMUL, BATCHED_MATMUL),
     ),
     "dots_with_no_batch_dims": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-        jax.checkpoint_policies.save_only_these_names(cpu_dots.MATMUL),
+        jax.checkpoint_policies.save_only_these_names(MATMUL),
     ),
     "save_attention": jax.checkpoint_policies.save_only_these_names("attn_out"),
 }
