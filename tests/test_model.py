@@ -135,3 +135,60 @@ def test_fused_attention_arguments_match_the_einsum_path(window):
     want = dot_product_attention(q, k, v, mask, jnp.float32, None)
     got = fused_attention(q, k, v, mask, implementation="xla")
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocks", [2, 3, 4])
+@pytest.mark.parametrize("window", [None, 5])
+def test_causal_query_blocks_equal_full_attention(blocks, window):
+    """Skipping the score blocks above the diagonal changes nothing but the work done,
+    for packed rows, padding and sliding windows, in values and gradients."""
+    from scaletrain.models.llama import build_attention_mask, dot_product_attention
+
+    rng = np.random.default_rng(1)
+    b, t, nq, nkv, d = 2, 12, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (nq, nkv, nkv))
+    seg = jnp.asarray([[1] * 5 + [2] * 5 + [0] * 2, [1] * 12])
+    pos = jnp.asarray([list(range(5)) * 2 + [0, 0], list(range(12))])
+    mask = build_attention_mask(seg, pos, window)
+    cot = jnp.asarray(rng.normal(size=(b, t, nq, d)), jnp.float32)
+
+    def f(n):
+        return lambda q, k, v: jnp.sum(dot_product_attention(q, k, v, mask, jnp.float32, None, blocks=n) * cot)
+
+    want, want_grads = jax.value_and_grad(f(1), argnums=(0, 1, 2))(q, k, v)
+    got, got_grads = jax.value_and_grad(f(blocks), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+def test_model_uses_causal_blocks_without_changing_results(tiny_config_kwargs, monkeypatch):
+    """The whole model with the blocked attention (forced on for a short sequence) agrees
+    with full attention in logits and parameter gradients."""
+    import scaletrain.models.llama as llama
+
+    model = _model(**tiny_config_kwargs)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 16)), jnp.int32)
+
+    def loss(m):
+        return jnp.mean(m(ids) ** 2)
+
+    monkeypatch.setattr(llama, "MAX_CAUSAL_BLOCKS", 1)
+    want = nnx.grad(loss)(model)
+    assert llama.causal_blocks(16, 16) == 1
+    monkeypatch.setattr(llama, "MAX_CAUSAL_BLOCKS", 4)
+    monkeypatch.setattr(llama, "MIN_CAUSAL_BLOCK", 4)
+    assert llama.causal_blocks(16, 16) == 4
+    got = nnx.grad(loss)(model)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
+def test_causal_blocks_only_for_self_attention_that_divides():
+    from scaletrain.models.llama import causal_blocks
+
+    assert causal_blocks(256, 256) == 2
+    assert causal_blocks(2048, 2048) == 4
+    assert causal_blocks(100, 100) == 1  # shorter than two blocks
+    assert causal_blocks(384, 384) == 3  # 4 does not divide 384
+    assert causal_blocks(256, 512) == 1  # queries against a longer cache: not causal self-attention

@@ -104,11 +104,20 @@ def rope_inv_freq(config: LlamaConfig) -> jnp.ndarray:
     return inv_freq
 
 
-def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
-    """Rotate ``x`` [B, T, H, D] by ``positions`` [B, T] (half-split layout, as transformers)."""
+def rope_tables(positions: Array, inv_freq: Array) -> tuple[Array, Array]:
+    """cos and sin [B, T, 1, D/2] (float32) of the rotation angles at ``positions`` [B, T].
+
+    Computed once per forward and shared by every layer's queries and keys (XLA may
+    still fuse, i.e. recompute, them into each rotation; forcing them into memory with
+    an ``optimization_barrier`` measured no faster on CPU).
+    """
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def apply_rope(x: Array, rope: tuple[Array, Array]) -> Array:
+    """Rotate ``x`` [B, T, H, D] by the :func:`rope_tables` (half-split layout, as transformers)."""
+    cos, sin = rope
     x32 = x.astype(jnp.float32)
     x1, x2 = jnp.split(x32, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -175,22 +184,23 @@ class Attention(nnx.Module):
         self.precision = precision
         self.mechanism = config.attn_mechanism
 
-    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array) -> Array:
+    def __call__(self, x: Array, mask: Array, rope: tuple[Array, Array]) -> Array:
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+        q = apply_rope(q, rope)
+        k = apply_rope(k, rope)
         if use_fused_attention(self.mechanism, q.dtype, self.head_dim):
             out = fused_attention(q, k, v, mask)
         else:
-            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision)
+            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision,
+                                        blocks=causal_blocks(t, t))
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
     def call_with_cache(
-        self, x: Array, positions: Array, mask: Array, inv_freq: Array, cache: KVCache, start: Array
+        self, x: Array, mask: Array, rope: tuple[Array, Array], cache: KVCache, start: Array
     ) -> tuple[Array, KVCache]:
         """Attend from ``x`` (cache slots ``[start, start + T)``) over the whole cache.
 
@@ -202,15 +212,34 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+        q = apply_rope(q, rope)
+        k = apply_rope(k, rope)
         keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), start, axis=1)
         values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), start, axis=1)
         out = dot_product_attention(q, keys, values, mask, self.softmax_dtype, self.precision)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), KVCache(keys, values)
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any) -> Array:
+#: Causal self-attention computes the [T, S] scores in at most this many query blocks,
+#: each against the keys up to its own end, so the blocks above the diagonal (which the
+#: mask would zero) are never computed: (n + 1) / (2n) of the full work for n blocks.
+MAX_CAUSAL_BLOCKS = 4
+#: Queries per block at least (smaller dots lose more to overhead than they save).
+MIN_CAUSAL_BLOCK = 128
+
+
+def causal_blocks(t: int, s: int) -> int:
+    """How many query blocks :func:`dot_product_attention` may split a causal ``[T, S=T]`` score into."""
+    if t != s:
+        return 1
+    n = min(MAX_CAUSAL_BLOCKS, t // MIN_CAUSAL_BLOCK)
+    while n > 1 and t % n:
+        n -= 1
+    return max(n, 1)
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any,
+                          blocks: int = 1) -> Array:
     """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
 
     Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
@@ -218,6 +247,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dty
     layout XLA CPU runs on YNNPACK without copying the [T, S] scores (see
     :mod:`scaletrain.models.cpu_dots`). The moves fuse into RoPE or copy [T, D]-sized
     tensors only.
+
+    ``blocks > 1`` (causal self-attention only, ``mask`` zero above the diagonal):
+    query block ``i`` attends to keys ``[0, (i + 1) T / blocks)`` only. The skipped
+    scores are masked to exactly zero probability anyway, so the result is the same
+    up to summation order, for about ``(blocks + 1) / (2 blocks)`` of the work.
     """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
@@ -225,11 +259,24 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dty
     qh = q.reshape(b, t, nkv, group, d).transpose(0, 2, 3, 1, 4)  # [b, kv, g, t, d]
     kh = k.transpose(0, 2, 1, 3)  # [b, kv, s, d]
     vh = v.transpose(0, 2, 1, 3)
-    scores = matmul(qh, kh, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
-    scores = scores / jnp.sqrt(jnp.asarray(d, softmax_dtype))
-    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(softmax_dtype).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = matmul(probs, vh, batch=2, precision=precision)  # [b, kv, g, t, d]
+    scale = 1.0 / math.sqrt(d)
+
+    def attend(qb: Array, kb: Array, vb: Array, mb: Array) -> Array:
+        scores = matmul(qb, kb, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
+        scores = jnp.where(mb[:, :, None], scores * jnp.asarray(scale, softmax_dtype),
+                           jnp.finfo(softmax_dtype).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
+        return matmul(probs, vb, batch=2, precision=precision)  # [b, kv, g, tq, d]
+
+    if blocks <= 1:
+        out = attend(qh, kh, vh, mask)
+    else:
+        size = t // blocks
+        out = jnp.concatenate(
+            [attend(qh[:, :, :, i * size:(i + 1) * size], kh[:, :, :(i + 1) * size], vh[:, :, :(i + 1) * size],
+                    mask[:, :, i * size:(i + 1) * size, :(i + 1) * size]) for i in range(blocks)],
+            axis=3,
+        )
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
 
 
@@ -288,16 +335,16 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
         self.mlp = MLP(config, dtype, param_dtype, precision, rngs)
 
-    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array) -> Array:
-        x = x + self.self_attn(self.input_layernorm(x), positions, mask, inv_freq)
+    def __call__(self, x: Array, mask: Array, rope: tuple[Array, Array]) -> Array:
+        x = x + self.self_attn(self.input_layernorm(x), mask, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def call_with_cache(
-        self, x: Array, positions: Array, mask: Array, inv_freq: Array, cache: KVCache, start: Array
+        self, x: Array, mask: Array, rope: tuple[Array, Array], cache: KVCache, start: Array
     ) -> tuple[Array, KVCache]:
         """The block's forward for decoding: same maths, keys/values kept in ``cache``."""
         attn, cache = self.self_attn.call_with_cache(
-            self.input_layernorm(x), positions, mask, inv_freq, cache, start
+            self.input_layernorm(x), mask, rope, cache, start
         )
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), cache
@@ -408,37 +455,36 @@ class LlamaForCausalLM(nnx.Module):
         if positions is None:
             positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
         mask = build_attention_mask(segment_ids, positions, effective_sliding_window(cfg))
-        inv_freq = rope_inv_freq(cfg)
+        rope = rope_tables(positions, rope_inv_freq(cfg))
         x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
         x = _constrain(x, act_spec)
         policy = cfg.gradient_checkpointing
         for layer in self.model.layers:
             if policy == "none":
-                x = layer(x, positions, mask, inv_freq)
+                x = layer(x, mask, rope)
             else:
                 x = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(
-                    layer, x, positions, mask, inv_freq
+                    layer, x, mask, rope
                 )
             x = _constrain(x, act_spec)
         return self.model.norm(x)
 
-    def lm_head_kernel(self) -> Array:
-        """The [hidden, vocab] output projection (the embedding's transpose when tied)."""
-        if self.lm_head is None:
-            return self.model.embed_tokens[...].T
-        return self.lm_head.kernel[...]
+    def lm_head_weight(self) -> tuple[Array, bool]:
+        """The output projection and whether it is transposed.
 
-    def compute_logits(self, hidden: Array) -> Array:
-        """Logits in the compute dtype from hidden states.
-
-        A tied head multiplies by the [vocab, hidden] embedding as a transposed rhs
-        rather than by its transpose, so no [hidden, vocab] copy is made.
+        ``([hidden, vocab], False)`` for a separate head; ``([vocab, hidden], True)``,
+        the embedding itself, when tied: a transposed rhs costs the matmul nothing,
+        while materialising the embedding's transpose would copy it every step.
         """
         if self.lm_head is None:
-            w = self.model.embed_tokens[...].astype(self.dtype)
-            return matmul(hidden.astype(self.dtype), w, rhs_transposed=True, precision=self.precision)
-        w = self.lm_head.kernel[...].astype(self.dtype)
-        return matmul(hidden.astype(self.dtype), w, precision=self.precision)
+            return self.model.embed_tokens[...], True
+        return self.lm_head.kernel[...], False
+
+    def compute_logits(self, hidden: Array) -> Array:
+        """Logits in the compute dtype from hidden states [..., hidden]."""
+        w, transposed = self.lm_head_weight()
+        return matmul(hidden.astype(self.dtype), w.astype(self.dtype), rhs_transposed=transposed,
+                      precision=self.precision)
 
     def __call__(
         self,
@@ -474,11 +520,11 @@ class LlamaForCausalLM(nnx.Module):
         pattern as :func:`build_attention_mask` for left-padded rows.
         """
         mask = build_cache_mask(start, input_ids.shape[1], kv_valid, effective_sliding_window(self.config))
-        inv_freq = rope_inv_freq(self.config)
+        rope = rope_tables(positions, rope_inv_freq(self.config))
         x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
         new_cache = []
         for layer, layer_cache in zip(self.model.layers, cache, strict=True):
-            x, layer_cache = layer.call_with_cache(x, positions, mask, inv_freq, layer_cache, start)
+            x, layer_cache = layer.call_with_cache(x, mask, rope, layer_cache, start)
             new_cache.append(layer_cache)
         return self.model.norm(x), new_cache
 

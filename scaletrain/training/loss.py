@@ -39,9 +39,25 @@ def target_mask(input_ids: Array, segment_ids: Array | None, loss_mask: Array | 
     return mask.astype(jnp.float32)
 
 
+def next_token_targets(input_ids: Array, mask: Array) -> tuple[Array, Array]:
+    """Targets and mask aligned with *all* T positions: position t predicts ``input_ids[t + 1]``.
+
+    The last position gets target 0 under mask 0. Scoring every position and masking
+    the last, rather than slicing ``logits[:, :-1]``, saves a copy of the whole
+    [B, T-1, V] logits (and of its gradient), as transformers' loss does by padding
+    the labels.
+    """
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)))
+    return targets, jnp.pad(mask, ((0, 0), (0, 1)))
+
+
 def cross_entropy_sums(logits: Array, input_ids: Array, mask: Array) -> LossSums:
-    """Sums of next-token cross-entropy for ``logits`` [B, T, V] against ``input_ids`` [B, T]."""
-    return token_sums(logits[:, :-1].astype(jnp.float32), input_ids[:, 1:], mask)
+    """Sums of next-token cross-entropy for ``logits`` [B, T, V] against ``input_ids`` [B, T].
+
+    ``mask`` [B, T-1] is :func:`target_mask`'s, over positions ``1..T-1``.
+    """
+    targets, full_mask = next_token_targets(input_ids, mask)
+    return token_sums(logits.astype(jnp.float32), targets, full_mask)
 
 
 def token_sums(logits: Array, targets: Array, mask: Array) -> LossSums:
@@ -63,21 +79,22 @@ def token_sums(logits: Array, targets: Array, mask: Array) -> LossSums:
 
 
 def chunked_cross_entropy_sums(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any,
-                               chunk_size: int, precision: Any = None) -> LossSums:
+                               chunk_size: int, precision: Any = None, transposed: bool = False) -> LossSums:
     """The same sums as :func:`cross_entropy_sums`, without ``[B, T, V]`` float32 logits.
 
     The sequence is cut into chunks of ``chunk_size`` positions; each chunk's logits
     are computed, reduced and dropped inside a ``lax.scan``, and rematerialised in
     the backward pass (``jax.checkpoint``). Peak memory for the logits falls from
     ``B*T*V`` to ``B*chunk_size*V`` floats at the cost of one extra head matmul.
+    ``kernel`` is [hidden, vocab], or [vocab, hidden] (a tied embedding) if ``transposed``.
     """
     b, t, h = hidden.shape
-    n = t - 1
-    chunks = -(-n // chunk_size)
-    pad = chunks * chunk_size - n
-    hs = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
-    ts = jnp.pad(input_ids[:, 1:], ((0, 0), (0, pad)))
-    ms = jnp.pad(mask, ((0, 0), (0, pad)))
+    chunks = -(-t // chunk_size)
+    pad = chunks * chunk_size - t
+    targets, full_mask = next_token_targets(input_ids, mask)
+    hs = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))) if pad else hidden
+    ts = jnp.pad(targets, ((0, 0), (0, pad)))
+    ms = jnp.pad(full_mask, ((0, 0), (0, pad)))
     hs = jnp.moveaxis(hs.reshape(b, chunks, chunk_size, h), 1, 0)
     ts = jnp.moveaxis(ts.reshape(b, chunks, chunk_size), 1, 0)
     ms = jnp.moveaxis(ms.reshape(b, chunks, chunk_size), 1, 0)
@@ -85,7 +102,7 @@ def chunked_cross_entropy_sums(hidden: Array, kernel: Array, input_ids: Array, m
 
     @jax.checkpoint
     def one(h_c: Array, t_c: Array, m_c: Array) -> LossSums:
-        logits = matmul(h_c.astype(dtype), w, precision=precision).astype(jnp.float32)
+        logits = matmul(h_c.astype(dtype), w, rhs_transposed=transposed, precision=precision).astype(jnp.float32)
         return token_sums(logits, t_c, m_c)
 
     def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:

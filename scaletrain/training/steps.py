@@ -28,8 +28,9 @@ def _forward_sums(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int
     mask = target_mask(batch["input_ids"], batch.get("segment_ids"), batch.get("loss_mask"))
     hidden = model.hidden_states(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
     if loss_chunk_size:
-        return chunked_cross_entropy_sums(hidden, model.lm_head_kernel(), batch["input_ids"], mask, model.dtype,
-                                          loss_chunk_size, model.precision)
+        kernel, transposed = model.lm_head_weight()
+        return chunked_cross_entropy_sums(hidden, kernel, batch["input_ids"], mask, model.dtype,
+                                          loss_chunk_size, model.precision, transposed)
     return cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
 
 
