@@ -1,0 +1,78 @@
+"""Two variants of scaletrain's own train step, alternating in one process.
+
+``python bench/variant_ab.py "llama.MAX_CAUSAL_BLOCKS = 1" "llama.MAX_CAUSAL_BLOCKS = 2" [--rounds 8]``
+
+Each argument is a Python statement run just before that variant's step is built and
+compiled (:func:`stepfn.scaletrain_step`, the exact step the Trainer compiles), with
+``llama`` (``scaletrain.models.llama``), ``loss`` and ``steps`` (``scaletrain.training``)
+in scope. Module constants read at trace time are how a model-level change is
+switched off and on without two checkouts. Both compiled steps then alternate in
+bursts, so both see the same machine: on this VM the same step's speed drifts by
+±25% over tens of minutes, far more than the changes being compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def build(statement: str, batch: int, seq: int, dtype: str) -> Callable[[], Any]:
+    """Run ``statement``, then compile and warm up the train step it affects."""
+    import jax
+
+    import scaletrain.models.llama as llama
+    import scaletrain.training.loss as loss
+    import scaletrain.training.steps as steps
+    from common import BenchConfig
+    from stepfn import scaletrain_step
+
+    exec(statement, {"llama": llama, "loss": loss, "steps": steps})  # noqa: S102 - the benchmark's own input
+    step = scaletrain_step(BenchConfig(seq_len=seq, batch_size=batch).hf_config(), batch, seq, dtype=dtype)
+    for _ in range(2):
+        jax.block_until_ready(step.run())
+    return step.run
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", help="statement for variant A")
+    p.add_argument("b", help="statement for variant B")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3, help="steps per burst")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--dtype", default="float32")
+    a = p.parse_args(argv)
+    import jax
+
+    runs = {"A": build(a.a, a.batch, a.seq, a.dtype), "B": build(a.b, a.batch, a.seq, a.dtype)}
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(a.rounds):
+        for name, run in runs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(a.steps):
+                out = run()
+            jax.block_until_ready(out)
+            wall[name].append((time.perf_counter() - t0) / a.steps)
+            cpu[name].append((time.process_time() - c0) / a.steps)
+    result = {f"{k}_wall_s": statistics.median(v) for k, v in wall.items()}
+    result.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
+    result["b_over_a_speed_wall"] = result["A_wall_s"] / result["B_wall_s"]
+    result["b_over_a_speed_cpu"] = result["A_cpu_s"] / result["B_cpu_s"]
+    for k, v in result.items():
+        print(f"{k:<22}{v:.4f}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
