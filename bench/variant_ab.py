@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def build(statement: str, batch: int, seq: int, dtype: str) -> Callable[[], Any]:
+def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) -> Callable[[], Any]:
     """Run ``statement``, then compile and warm up the train step it affects."""
     import jax
 
@@ -36,7 +36,15 @@ def build(statement: str, batch: int, seq: int, dtype: str) -> Callable[[], Any]
     from stepfn import scaletrain_step
 
     exec(statement, {"llama": llama, "loss": loss, "steps": steps})  # noqa: S102 - the benchmark's own input
-    step = scaletrain_step(BenchConfig(seq_len=seq, batch_size=batch).hf_config(), batch, seq, dtype=dtype)
+    if tiny:
+        from run import TINY
+
+        model = {k: v for k, v in TINY.items() if k not in ("seq_len", "batch_size")}
+        batch, seq = TINY["batch_size"], TINY["seq_len"]
+        config = BenchConfig(seq_len=seq, batch_size=batch, **model)
+    else:
+        config = BenchConfig(seq_len=seq, batch_size=batch)
+    step = scaletrain_step(config.hf_config(), batch, seq, dtype=dtype)
     for _ in range(2):
         jax.block_until_ready(step.run())
     return step.run
@@ -51,10 +59,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--tiny", action="store_true", help="a toy model (for tests): only checks the plumbing")
     a = p.parse_args(argv)
     import jax
 
-    runs = {"A": build(a.a, a.batch, a.seq, a.dtype), "B": build(a.b, a.batch, a.seq, a.dtype)}
+    runs = {name: build(statement, a.batch, a.seq, a.dtype, a.tiny) for name, statement in (("A", a.a), ("B", a.b))}
     wall: dict[str, list[float]] = {k: [] for k in runs}
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(a.rounds):

@@ -41,3 +41,12 @@ def test_gpu_benchmark_runs_tiny_on_cpu(tmp_path):
     assert result["tiny"] is True and result["config"]["dtype"] == "bfloat16"
     for key in ("tokens_per_s", "tflops", "mfu", "first_step_s"):
         assert result[key] > 0, key
+
+
+def test_variant_ab_compares_two_module_switches():
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "variant_ab.py"), "--tiny", "--rounds", "1", "--steps", "1",
+           "llama.MAX_CAUSAL_BLOCKS = 1", "llama.MIN_CAUSAL_BLOCK = 8; llama.MAX_CAUSAL_BLOCKS = 4"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    values = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+    assert float(values["b_over_a_speed_wall"]) > 0 and float(values["A_cpu_s"]) > 0
