@@ -183,6 +183,7 @@ class Attention(nnx.Module):
         self.softmax_dtype = jnp.dtype(config.attn_softmax_dtype or "float32")
         self.precision = precision
         self.mechanism = config.attn_mechanism
+        self.sequence_axis = config.partition_axis.sequence_axis
 
     def __call__(self, x: Array, mask: Array, rope: tuple[Array, Array]) -> Array:
         b, t, _ = x.shape
@@ -194,8 +195,9 @@ class Attention(nnx.Module):
         if use_fused_attention(self.mechanism, q.dtype, self.head_dim):
             out = fused_attention(q, k, v, mask)
         else:
-            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision,
-                                        blocks=causal_blocks(t, t))
+            # query blocks slice the sequence: not where it is split over devices (sp)
+            blocks = causal_blocks(t, t) if _mesh_axis_size(self.sequence_axis) == 1 else 1
+            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
@@ -363,6 +365,15 @@ _REMAT_POLICIES = {
     ),
     "save_attention": jax.checkpoint_policies.save_only_these_names("attn_out"),
 }
+
+
+def _mesh_axis_size(axes: Any) -> int:
+    """Devices along mesh axis (or axes) ``axes`` of the active mesh; 1 outside a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or axes is None:
+        return 1
+    sizes = dict(mesh.shape_tuple)
+    return math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes))
 
 
 def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
