@@ -215,3 +215,27 @@ def write_record(record: dict[str, Any], name: str, out: str | None = None) -> s
         json.dump(record, f, indent=2)
     print(f"wrote {path}")
     return path
+
+
+def alternate(runs: dict[str, Any], rounds: int, steps: int) -> dict[str, float]:
+    """Median wall and CPU seconds per step of each zero-argument ``runs[name]()``, in bursts.
+
+    Every round runs ``steps`` steps of each in turn (A B A B …), so all see the same
+    machine; the runs must already be compiled and warm. Keys: ``<name>_wall_s``,
+    ``<name>_cpu_s``.
+    """
+    import jax
+
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                out = run()
+            jax.block_until_ready(out)
+            wall[name].append((time.perf_counter() - t0) / steps)
+            cpu[name].append((time.process_time() - c0) / steps)
+    result = {f"{k}_wall_s": statistics.median(v) for k, v in wall.items()}
+    result.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
+    return result

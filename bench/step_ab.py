@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -31,24 +29,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     a = p.parse_args(argv)
     import jax
 
+    from common import alternate
     from profile_step import build_steps
 
     steps = build_steps(a.dtype, 8, 256)
     for step in steps.values():  # compile and warm up
         for _ in range(2):
             jax.block_until_ready(step())
-    wall: dict[str, list[float]] = {k: [] for k in steps}
-    cpu: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(a.rounds):
-        for name, step in steps.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(a.steps):
-                out = step()
-            jax.block_until_ready(out)
-            wall[name].append((time.perf_counter() - t0) / a.steps)
-            cpu[name].append((time.process_time() - c0) / a.steps)
-    result = {f"{k}_wall_s": statistics.median(v) for k, v in wall.items()}
-    result.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
+    result = alternate(steps, a.rounds, a.steps)
     result["vs_bare_jax"] = result["bare_jax_wall_s"] / result["scaletrain_wall_s"]
     result["cpu_vs_bare_jax"] = result["bare_jax_cpu_s"] / result["scaletrain_cpu_s"]
     for k, v in result.items():

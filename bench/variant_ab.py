@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,21 +59,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--tiny", action="store_true", help="a toy model (for tests): only checks the plumbing")
     a = p.parse_args(argv)
-    import jax
+    from common import alternate
 
     runs = {name: build(statement, a.batch, a.seq, a.dtype, a.tiny) for name, statement in (("A", a.a), ("B", a.b))}
-    wall: dict[str, list[float]] = {k: [] for k in runs}
-    cpu: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(a.rounds):
-        for name, run in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(a.steps):
-                out = run()
-            jax.block_until_ready(out)
-            wall[name].append((time.perf_counter() - t0) / a.steps)
-            cpu[name].append((time.process_time() - c0) / a.steps)
-    result = {f"{k}_wall_s": statistics.median(v) for k, v in wall.items()}
-    result.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
+    result = alternate(runs, a.rounds, a.steps)
     result["b_over_a_speed_wall"] = result["A_wall_s"] / result["B_wall_s"]
     result["b_over_a_speed_cpu"] = result["A_cpu_s"] / result["B_cpu_s"]
     for k, v in result.items():

@@ -390,7 +390,7 @@ def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
     for dim, axes in zip(x.shape, spec):
         names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
         names = tuple(a for a in names if sizes.get(a, 1) > 1)
-        total = math.prod(sizes[a] for a in names) if names else 1
+        total = _mesh_axis_size(names)
         parts.append(names if names and dim % total == 0 else None)
     return lax.with_sharding_constraint(x, PartitionSpec(*parts))
 
