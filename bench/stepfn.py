@@ -22,8 +22,13 @@ class CompiledStep:
 
 
 def scaletrain_step(model_kwargs: dict[str, Any], batch: int, seq: int, dtype: str = "float32",
-                    param_dtype: str = "float32", seed: int = 0) -> CompiledStep:
-    """Build model, optimizer state and the jitted step exactly as ``Trainer.configure_*`` do."""
+                    param_dtype: str = "float32", seed: int = 0,
+                    compiler_options: dict[str, Any] | None = None) -> CompiledStep:
+    """Build model, optimizer state and the jitted step exactly as ``Trainer.configure_*`` do.
+
+    ``compiler_options`` are XLA debug options for this one compilation (e.g.
+    ``{"xla_cpu_enable_fast_math": True}``), so flags can be compared within one process.
+    """
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
@@ -48,7 +53,7 @@ def scaletrain_step(model_kwargs: dict[str, Any], batch: int, seq: int, dtype: s
     data = jax.device_put({"input_ids": ids, "segment_ids": np.ones_like(ids),
                            "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), ids.shape).copy()}, bs)
     with jax.set_mesh(mesh):
-        compiled = train.lower(holder["state"], data).compile()
+        compiled = train.lower(holder["state"], data).compile(compiler_options)
     analysis = compiled.memory_analysis()
     memory = {k: int(getattr(analysis, k, 0) or 0) for k in
               ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
@@ -56,7 +61,7 @@ def scaletrain_step(model_kwargs: dict[str, Any], batch: int, seq: int, dtype: s
 
     def run() -> Any:
         with jax.set_mesh(mesh):
-            holder["state"], metrics = train(holder["state"], data)
+            holder["state"], metrics = compiled(holder["state"], data)
         return metrics["loss"]
 
     return CompiledStep(run, memory, holder["state"].num_params, cfg.flops_per_token(seq))

@@ -5,7 +5,8 @@
 Each argument is a Python statement run just before that variant's step is built and
 compiled (:func:`stepfn.scaletrain_step`, the exact step the Trainer compiles), with
 ``llama`` (``scaletrain.models.llama``), ``loss`` and ``steps`` (``scaletrain.training``)
-in scope. Module constants read at trace time are how a model-level change is
+in scope; a statement that binds ``opts`` to a dict passes it to XLA as that variant's
+compiler options (``"opts = {'xla_cpu_enable_fast_math': True}"``). Module constants read at trace time are how a model-level change is
 switched off and on without two checkouts. Both compiled steps then alternate in
 bursts, so both see the same machine: on this VM the same step's speed drifts by
 ±25% over tens of minutes, far more than the changes being compared.
@@ -33,7 +34,8 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     from common import BenchConfig
     from stepfn import scaletrain_step
 
-    exec(statement, {"llama": llama, "loss": loss, "steps": steps})  # noqa: S102 - the benchmark's own input
+    scope: dict[str, Any] = {"llama": llama, "loss": loss, "steps": steps}
+    exec(statement, scope)  # noqa: S102 - the benchmark's own input
     if tiny:
         from run import TINY
 
@@ -42,7 +44,7 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
         config = BenchConfig(seq_len=seq, batch_size=batch, **model)
     else:
         config = BenchConfig(seq_len=seq, batch_size=batch)
-    step = scaletrain_step(config.hf_config(), batch, seq, dtype=dtype)
+    step = scaletrain_step(config.hf_config(), batch, seq, dtype=dtype, compiler_options=scope.get("opts"))
     for _ in range(2):
         jax.block_until_ready(step.run())
     return step.run

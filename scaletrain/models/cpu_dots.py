@@ -101,3 +101,24 @@ def matmul(a: Array, b: Array, batch: int = 0, rhs_transposed: bool = False, pre
         out = _cpu_matmul(a, b, batch, rhs_transposed, precision)
         return checkpoint_name(out, BATCHED_MATMUL if batch else MATMUL)
     return _plain(a, b, batch, rhs_transposed, precision)
+
+
+def dot(a: Array, b: Array, rhs_transposed: bool = False, precision: Any = None) -> Array:
+    """``a [*M, K] @ b [K, N]`` (``b [N, K]`` if ``rhs_transposed``): a plain ``dot_general``.
+
+    For code that computes its own gradients (no autodiff through it), where the
+    YNNPACK-shaped forward is all that matters.
+    """
+    return _plain(a, b, 0, rhs_transposed, precision)
+
+
+def contract_rows(x: Array, y: Array, precision: Any = None) -> Array:
+    """``sum over all leading dims of x[..., i] * y[..., j]`` -> ``[i, j]``: a weight gradient ``x^T y``.
+
+    On CPU the smaller operand is transposed in memory first (see :func:`_contract_m`);
+    elsewhere it is one ``dot_general``.
+    """
+    if jax.default_backend() == "cpu":
+        return _contract_m(x, y, 0, precision)
+    m = tuple(range(x.ndim - 1))
+    return lax.dot_general(x, y, ((m, m), ((), ())), precision=precision)

@@ -12,8 +12,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from scaletrain.models.cpu_dots import matmul
-
 Array = jax.Array
 
 
@@ -61,7 +59,12 @@ def cross_entropy_sums(logits: Array, input_ids: Array, mask: Array) -> LossSums
 
 
 def token_sums(logits: Array, targets: Array, mask: Array) -> LossSums:
-    """:class:`LossSums` of float32 ``logits`` [..., V] against ``targets`` [...] under ``mask``.
+    """:class:`LossSums` of float32 ``logits`` [..., V] against ``targets`` [...] under ``mask``."""
+    return token_sums_and_log_z(logits, targets, mask)[0]
+
+
+def token_sums_and_log_z(logits: Array, targets: Array, mask: Array) -> tuple[LossSums, Array]:
+    """:func:`token_sums` and the per-token ``log Z`` it computed (the fused loss's gradient needs it).
 
     A target counts as correct when its logit is the row's maximum (argmax up to
     exact ties): compared with the max that ``logsumexp`` computes anyway, this
@@ -70,51 +73,24 @@ def token_sums(logits: Array, targets: Array, mask: Array) -> LossSums:
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
-    return LossSums(
+    sums = LossSums(
         loss=jnp.sum((log_z - target_logit) * mask),
         z_loss=jnp.sum(jnp.square(log_z) * mask),
         correct=jnp.sum(correct * mask),
         tokens=jnp.sum(mask),
     )
-
-
-def chunked_cross_entropy_sums(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any,
-                               chunk_size: int, precision: Any = None, transposed: bool = False) -> LossSums:
-    """The same sums as :func:`cross_entropy_sums`, without ``[B, T, V]`` float32 logits.
-
-    The sequence is cut into chunks of ``chunk_size`` positions; each chunk's logits
-    are computed, reduced and dropped inside a ``lax.scan``, and rematerialised in
-    the backward pass (``jax.checkpoint``). Peak memory for the logits falls from
-    ``B*T*V`` to ``B*chunk_size*V`` floats at the cost of one extra head matmul.
-    ``kernel`` is [hidden, vocab], or [vocab, hidden] (a tied embedding) if ``transposed``.
-    """
-    b, t, h = hidden.shape
-    chunks = -(-t // chunk_size)
-    pad = chunks * chunk_size - t
-    targets, full_mask = next_token_targets(input_ids, mask)
-    hs = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))) if pad else hidden
-    ts = jnp.pad(targets, ((0, 0), (0, pad)))
-    ms = jnp.pad(full_mask, ((0, 0), (0, pad)))
-    hs = jnp.moveaxis(hs.reshape(b, chunks, chunk_size, h), 1, 0)
-    ts = jnp.moveaxis(ts.reshape(b, chunks, chunk_size), 1, 0)
-    ms = jnp.moveaxis(ms.reshape(b, chunks, chunk_size), 1, 0)
-    w = kernel.astype(dtype)
-
-    @jax.checkpoint
-    def one(h_c: Array, t_c: Array, m_c: Array) -> LossSums:
-        logits = matmul(h_c.astype(dtype), w, rhs_transposed=transposed, precision=precision).astype(jnp.float32)
-        return token_sums(logits, t_c, m_c)
-
-    def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
-        return LossSums(*(a + b for a, b in zip(carry, one(*xs)))), None
-
-    zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
-    sums, _ = jax.lax.scan(body, zeros, (hs, ts, ms))
-    return sums
+    return sums, log_z
 
 
 def resolve_chunk_size(setting: Any, vocab_size: int, seq_len: int) -> int | None:
-    """``auto``: chunk when the vocabulary is large (>= 32k), else compute logits whole."""
+    """Positions per chunk of the fused head + loss, or None for whole logits.
+
+    ``auto``: chunks of 512 positions when the vocabulary is large (>= 32k), where
+    whole float32 logits dominate activation memory (a 128k vocabulary at 8 x 2048
+    tokens is 8 GB); whole logits otherwise, which measured as fast as chunks at a
+    vocabulary of 8k on CPU. Chunking costs no extra matmul
+    (:mod:`scaletrain.training.fused_loss`).
+    """
     if setting == "auto":
-        return 512 if vocab_size >= 32768 and seq_len > 512 else None
+        return min(512, seq_len) if vocab_size >= 32768 else None
     return setting

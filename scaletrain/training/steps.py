@@ -17,21 +17,29 @@ import optax
 from flax import nnx
 from jax import lax
 
-from scaletrain.training.loss import LossSums, chunked_cross_entropy_sums, cross_entropy_sums, target_mask
+from scaletrain.training.fused_loss import fused_head_loss
+from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
 from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 
 
-def _forward_sums(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | None = None) -> LossSums:
+def _forward(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | None = None,
+             z_loss: float = 0.0) -> tuple[jax.Array, LossSums]:
+    """``(objective, sums)``: the summed loss to differentiate (``loss + z_loss * z_loss``) and the metrics.
+
+    With ``loss_chunk_size`` the head and the loss run chunk by chunk with their
+    gradient computed in the forward pass (:func:`fused_head_loss`: no whole logits).
+    """
     model = nnx.merge(graphdef, params)
     mask = target_mask(batch["input_ids"], batch.get("segment_ids"), batch.get("loss_mask"))
     hidden = model.hidden_states(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
     if loss_chunk_size:
         kernel, transposed = model.lm_head_weight()
-        return chunked_cross_entropy_sums(hidden, kernel, batch["input_ids"], mask, model.dtype,
-                                          loss_chunk_size, model.precision, transposed)
-    return cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
+        return fused_head_loss(hidden, kernel, batch["input_ids"], mask, model.dtype, loss_chunk_size, z_loss,
+                               model.precision, transposed)
+    sums = cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
+    return sums.loss + z_loss * sums.z_loss, sums
 
 
 def split_microbatches(batch: Batch, num: int) -> Batch:
@@ -86,8 +94,7 @@ def train_step(
     """
 
     def objective(params: Any, micro: Batch) -> tuple[jax.Array, LossSums]:
-        sums = _forward_sums(state.graphdef, params, micro, loss_chunk_size)
-        return sums.loss + z_loss * sums.z_loss, sums
+        return _forward(state.graphdef, params, micro, loss_chunk_size, z_loss)
 
     grad_fn = jax.grad(objective, has_aux=True)
     if gradient_accumulation_steps == 1:
@@ -133,12 +140,12 @@ def eval_step(state: TrainState, batch: Batch, *, gradient_accumulation_steps: i
               loss_chunk_size: int | None = None) -> LossSums:
     """Loss sums for ``batch`` (no update), in micro-batches like the train step."""
     if gradient_accumulation_steps == 1:
-        return _forward_sums(state.graphdef, state.params, batch, loss_chunk_size)
+        return _forward(state.graphdef, state.params, batch, loss_chunk_size)[1]
     micro = split_microbatches(batch, gradient_accumulation_steps)
     zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
 
     def body(carry: LossSums, mb: Batch) -> tuple[LossSums, None]:
-        return _sum_tree(carry, _forward_sums(state.graphdef, state.params, mb, loss_chunk_size)), None
+        return _sum_tree(carry, _forward(state.graphdef, state.params, mb, loss_chunk_size)[1]), None
 
     sums, _ = lax.scan(body, zeros, micro)
     return sums

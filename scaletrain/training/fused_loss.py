@@ -1,0 +1,123 @@
+"""LM head + cross-entropy whose gradient is computed in the forward pass, chunk by chunk.
+
+The gradient of token cross-entropy with respect to the logits is known as soon as
+the forward pass has them: ``softmax(logits) - onehot(target)`` (plus
+``2 log Z softmax`` for the z-loss), times the mask. So, while a chunk of positions'
+logits is still in cache, :func:`fused_head_loss` also turns it into that chunk's
+gradients for the hidden states (``dlogits @ W^T``) and for the head weight
+(accumulated ``h^T dlogits``), and keeps only those. Compared with computing whole
+logits and letting autodiff do the rest, this
+
+- never holds ``[B, T, V]`` logits or their gradient in memory (only one chunk's:
+  a 128k vocabulary at 8 x 2048 tokens is 8 GB of float32 logits, 1 GB per 256-token
+  chunk), and
+- does so without the extra head matmul that recomputing chunks in the backward pass
+  (``jax.checkpoint`` over a chunked loss) would cost, and with the softmax passes
+  over each chunk while it is in cache.
+
+The backward pass only scales the stored gradients by the incoming cotangent (the
+objective is linear in them). The objective is ``sum(loss) + z_weight * sum(z_loss)``;
+the :class:`LossSums` returned beside it are metrics and carry no gradient. Outside
+differentiation (evaluation) only the loss is computed, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from scaletrain.models.cpu_dots import contract_rows, dot
+from scaletrain.training.loss import LossSums, next_token_targets, token_sums_and_log_z
+
+Array = jax.Array
+
+
+def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any, chunk_size: int,
+                    z_weight: float = 0.0, precision: Any = None,
+                    transposed: bool = False) -> tuple[Array, LossSums]:
+    """``(sum(loss) + z_weight * sum(z_loss), LossSums)`` of the head ``kernel`` on ``hidden`` [B, T, H].
+
+    ``kernel`` is [H, V], or [V, H] (a tied embedding) if ``transposed``; ``mask``
+    [B, T-1] is :func:`~scaletrain.training.loss.target_mask`'s. The sequence is cut into
+    chunks of ``chunk_size`` positions (all rows of the batch in each, so a batch
+    axis sharded over devices stays where it is); a chunk above T is cut to T.
+    """
+    b, t, h = hidden.shape
+    chunk_size = min(chunk_size, t)
+    chunks = -(-t // chunk_size)
+    pad = chunks * chunk_size - t
+    targets, full_mask = next_token_targets(input_ids, mask)
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        full_mask = jnp.pad(full_mask, ((0, 0), (0, pad)))
+
+    def split(x: Array) -> Array:  # [B, T, ...] -> [chunks, B, chunk, ...]
+        return jnp.moveaxis(x.reshape(b, chunks, chunk_size, *x.shape[2:]), 1, 0)
+
+    return _fused(split(hidden.astype(dtype)), kernel.astype(dtype), split(targets), split(full_mask),
+                  float(z_weight), precision, transposed)
+
+
+def _chunk_logits(h: Array, w: Array, precision: Any, transposed: bool) -> Array:
+    return dot(h, w, rhs_transposed=transposed, precision=precision).astype(jnp.float32)
+
+
+def _add(a: LossSums, b: LossSums) -> LossSums:
+    return LossSums(*(x + y for x, y in zip(a, b)))
+
+
+def _zeros() -> LossSums:
+    return LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
+
+
+def _objective(s: LossSums, z_weight: float) -> Array:
+    return s.loss + z_weight * s.z_loss
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
+           transposed: bool) -> tuple[Array, LossSums]:
+    def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
+        h, t, m = xs
+        return _add(carry, token_sums_and_log_z(_chunk_logits(h, w, precision, transposed), t, m)[0]), None
+
+    sums, _ = lax.scan(body, _zeros(), (hs, ts, ms))
+    return _objective(sums, z_weight), sums
+
+
+def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
+               transposed: bool) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
+    vocab = w.shape[0] if transposed else w.shape[1]
+
+    def body(carry: tuple[LossSums, Array], xs: tuple[Array, Array, Array]) -> tuple[tuple[LossSums, Array], Array]:
+        sums, dw = carry
+        h, t, m = xs
+        logits = _chunk_logits(h, w, precision, transposed)
+        chunk, log_z = token_sums_and_log_z(logits, t, m)
+        # d objective / d logits = m * ((1 + 2 z log Z) softmax - onehot(t))
+        scale = (m * (1.0 + 2.0 * z_weight * log_z))[..., None]
+        onehot = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == t[..., None]
+        dlogits = (jnp.exp(logits - log_z[..., None]) * scale - jnp.where(onehot, m[..., None], 0.0)).astype(w.dtype)
+        dh = dot(dlogits, w, rhs_transposed=not transposed, precision=precision)
+        dw = dw + contract_rows(h, dlogits, precision).astype(jnp.float32)  # [H, V]
+        return (_add(sums, chunk), dw), dh.astype(h.dtype)
+
+    dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
+    (sums, dw), dhs = lax.scan(body, (_zeros(), dw0), (hs, ts, ms))
+    dw = (dw.T if transposed else dw).astype(w.dtype)
+    return (_objective(sums, z_weight), sums), (dhs, dw)
+
+
+def _fused_bwd(z_weight: float, precision: Any, transposed: bool, res: tuple[Array, Array],
+               cotangents: tuple[Array, LossSums]) -> tuple[Array, Array, None, None]:
+    dhs, dw = res
+    g = cotangents[0]  # the sums are metrics: their cotangents are ignored
+    return (g * dhs).astype(dhs.dtype), (g * dw).astype(dw.dtype), None, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
