@@ -10,7 +10,8 @@ peer could not run).
 Contenders: ``scaletrain`` (the Trainer), ``bare_jax`` (a jitted flax-nnx + optax
 loop on scaletrain's own model module), ``easydel`` (EasyDeL's Trainer, pinned, in
 its own venv), ``hf_eager`` and ``hf_compile`` (the Hugging Face Trainer on torch
-CPU, without and with ``torch.compile``).
+CPU, without and with ``torch.compile``); opt-in ``hf_compile_hugepages`` (the latter with the
+glibc huge-page tunable scaletrain starts with).
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ CONTENDERS: dict[str, tuple[str, str, str]] = {
     "easydel": ("easydel_trainer.py", "", "easydel"),
     "hf_eager": ("hf_trainer.py", "eager", "hf"),
     "hf_compile": ("hf_trainer.py", "compile", "hf"),
+    "hf_compile_hugepages": ("hf_trainer.py", "compile", "hf"),
 }
+#: run only when named in ``--only``
+OPT_IN = ("hf_compile_hugepages",)
+#: extra environment of a contender: HF + torch.compile with the glibc huge-page tunable that
+#: scaletrain's CLI and contender start with (scaletrain/host_memory.py), to show what it is worth to torch
+CONTENDER_ENV: dict[str, dict[str, str]] = {"hf_compile_hugepages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
 IN_PROCESS = ("scaletrain", "bare_jax")  # need nothing but scaletrain's own environment
 
 TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -88,8 +95,8 @@ def run_one(name: str, python: str, cfg_path: str, tokens_path: str, workdir: st
            "--out", out, "--variant", variant]
     t0 = time.time()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(t0, xla_flags, root),
-                              cwd=workdir)
+        env = child_env(t0, xla_flags, root) | CONTENDER_ENV.get(name, {})
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:.0f}s", time.time() - t0
     wall = time.time() - t0
@@ -168,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=25, help="training steps per run (default 25)")
     p.add_argument("--window", type=int, default=5, help="steps per timing window (default 5)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
-    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    p.add_argument("--only", default=",".join(n for n in CONTENDERS if n not in OPT_IN),
+                   help=f"comma-separated contenders (opt-in: {', '.join(OPT_IN)})")
     p.add_argument("--dtype", default="float32", help="compute dtype for every contender")
     p.add_argument("--param-dtype", default="float32")
     p.add_argument("--data", default="random", choices=("random", "corpus"))
@@ -240,6 +248,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vs_hf_compile": ratio(st, summary.get("hf_compile"), errors.get("hf_compile")),
         "vs_hf_eager": ratio(st, summary.get("hf_eager"), errors.get("hf_eager")),
     }
+    if "hf_compile_hugepages" in summary:
+        ratios["vs_hf_compile_hugepages"] = ratio(st, summary["hf_compile_hugepages"],
+                                                  errors.get("hf_compile_hugepages"))
     for key, other in (("vs_bare_jax", "bare_jax"), ("vs_easydel", "easydel"), ("vs_hf_compile", "hf_compile"),
                        ("vs_hf_eager", "hf_eager")):
         if other not in names:

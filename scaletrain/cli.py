@@ -123,6 +123,10 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real command line (not a call from Python): restart with huge pages if useful
+        from scaletrain.host_memory import reexec_with_hugepages
+
+        reexec_with_hugepages()
     parser = _parser()
     ns, extra = parser.parse_known_args(argv)
     # overrides may also follow options (`sweep R --scaling-indices 1,2 training.x=1`)

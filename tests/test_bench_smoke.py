@@ -50,3 +50,12 @@ def test_variant_ab_compares_two_module_switches():
     assert done.returncode == 0, done.stderr[-3000:]
     values = dict(line.split() for line in done.stdout.splitlines() if line.strip())
     assert float(values["b_over_a_speed_wall"]) > 0 and float(values["A_cpu_s"]) > 0
+
+
+def test_host_memory_compares_hugepage_tunable_in_two_processes():
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "host_memory.py"), "--tiny", "--rounds", "1", "--steps", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any("huge-page tunable off" in x for x in lines) and any("huge-page tunable on" in x for x in lines)
+    assert "tuned / untuned" in lines[-1]

@@ -4,6 +4,8 @@ Default callbacks stay on (metrics JSONL, stopping rules); only what a benchmark
 no use for is off: evaluation, TensorBoard, the progress bar and the final
 checkpoint. ``log_steps`` equals the benchmark window, so the trainer's own metric
 fetch is the only host sync, and the clock callback reads the time right after it.
+Like the ``scaletrain`` CLI, it restarts itself with glibc's huge-page tunable
+(``scaletrain.host_memory``), as the docs tell script users to do.
 """
 
 from __future__ import annotations
@@ -56,4 +58,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    try:
+        from scaletrain.host_memory import reexec_with_hugepages
+    except ImportError:  # a baseline checkout from before it existed
+        pass
+    else:
+        reexec_with_hugepages()
     main()
