@@ -36,8 +36,7 @@ def child(steps: int, tiny: bool) -> dict[str, float]:
     if tiny:
         from run import TINY
 
-        model = {k: v for k, v in TINY.items() if k not in ("seq_len", "batch_size")}
-        cfg = BenchConfig(seq_len=TINY["seq_len"], batch_size=TINY["batch_size"], **model)
+        cfg = BenchConfig(**TINY)
     else:
         cfg = BenchConfig()
     step = scaletrain_step(cfg.hf_config(), cfg.batch_size, cfg.seq_len)

@@ -33,8 +33,11 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(1, ROOT)
 
 from common import T0_ENV, BenchConfig, ContenderResult, make_tokens  # noqa: E402
+
+from scaletrain.host_memory import TUNABLE  # noqa: E402
 
 #: name -> (script, variant, interpreter kind)
 CONTENDERS: dict[str, tuple[str, str, str]] = {
@@ -49,7 +52,7 @@ CONTENDERS: dict[str, tuple[str, str, str]] = {
 OPT_IN = ("hf_compile_hugepages",)
 #: extra environment of a contender: HF + torch.compile with the glibc huge-page tunable that
 #: scaletrain's CLI and contender start with (scaletrain/host_memory.py), to show what it is worth to torch
-CONTENDER_ENV: dict[str, dict[str, str]] = {"hf_compile_hugepages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+CONTENDER_ENV: dict[str, dict[str, str]] = {"hf_compile_hugepages": {"GLIBC_TUNABLES": TUNABLE}}
 IN_PROCESS = ("scaletrain", "bare_jax")  # need nothing but scaletrain's own environment
 
 TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -39,12 +39,10 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     if tiny:
         from run import TINY
 
-        model = {k: v for k, v in TINY.items() if k not in ("seq_len", "batch_size")}
-        batch, seq = TINY["batch_size"], TINY["seq_len"]
-        config = BenchConfig(seq_len=seq, batch_size=batch, **model)
+        config = BenchConfig(**TINY)
     else:
         config = BenchConfig(seq_len=seq, batch_size=batch)
-    step = scaletrain_step(config.hf_config(), batch, seq, dtype=dtype, compiler_options=scope.get("opts"))
+    step = scaletrain_step(config.hf_config(), config.batch_size, config.seq_len, dtype=dtype, compiler_options=scope.get("opts"))
     for _ in range(2):
         jax.block_until_ready(step.run())
     return step.run

@@ -67,9 +67,7 @@ def reexec_with_hugepages() -> None:
     """
     if hugepages_enabled() or not hugepages_supported():
         return
-    argv = list(getattr(sys, "orig_argv", []) or [sys.executable, *sys.argv])
-    if not argv or argv[0] != sys.executable:
-        argv = [sys.executable, *argv[1:]]
+    argv = [sys.executable, *sys.orig_argv[1:]]  # the interpreter's own options included
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, hugepage_env())

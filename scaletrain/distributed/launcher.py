@@ -218,10 +218,10 @@ def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None =
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": root + (os.pathsep + path if path else ""),
     }
-    from scaletrain.host_memory import TUNABLE, hugepages_supported
+    from scaletrain.host_memory import hugepage_env, hugepages_supported
 
     if hugepages_supported() and not use_gpu and not use_tpu:  # the scratch buffer is host memory only on CPU
-        env["GLIBC_TUNABLES"] = TUNABLE
+        env["GLIBC_TUNABLES"] = hugepage_env()["GLIBC_TUNABLES"]  # keeps this process's other tunables
     env.update(extra or {})
     return env
 
