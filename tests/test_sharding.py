@@ -25,7 +25,7 @@ def _batch(rows=8, length=16, vocab=128, seed=0):
     return {"input_ids": ids, "segment_ids": seg, "positions": pos}
 
 
-def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_chunk_size=None):
+def _setup(kw, dims, devices=None, grad_accum=1, loss_chunk_size=None):
     cfg = LlamaConfig(**kw, sharding_axis_dims=dims)
     mesh = create_mesh(dims, devices=devices)
     model, mesh = create_sharded_model(LlamaForCausalLM, cfg, mesh=mesh, seed=3)
@@ -37,6 +37,11 @@ def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_ch
     train, _ = make_step_functions(tx, state_shardings(state), batch_sharding,
                                    NamedSharding(mesh, PartitionSpec()), grad_accum, 0.0,
                                    loss_chunk_size=loss_chunk_size)
+    return train, state, batch_sharding, mesh
+
+
+def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_chunk_size=None):
+    train, state, batch_sharding, mesh = _setup(kw, dims, devices, grad_accum, loss_chunk_size)
     batch = batch if batch is not None else _batch()
     with jax.set_mesh(mesh):
         for _ in range(steps):
@@ -100,12 +105,36 @@ def test_indivisible_dims_are_replicated():
     assert logical_to_spec(("norm",), (32,), pa, mesh) == PartitionSpec(None)
 
 
-def test_chunked_loss_step_matches(tiny_config_kwargs):
-    dims = (1, 2, 1, 4, 1)
+@pytest.mark.parametrize("dims", [(1, 2, 1, 4, 1), (2, 4, 1, 1, 1)])
+def test_chunked_loss_step_matches(tiny_config_kwargs, dims):
     plain, m1 = _one_step(tiny_config_kwargs, dims, steps=2)
     chunked, m2 = _one_step(tiny_config_kwargs, dims, steps=2, loss_chunk_size=4)
     np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-5)
+    # Adam divides by sqrt(v): a near-zero gradient entry summed in another order (per batch
+    # shard, then across shards) moves its update by a fraction of a percent of the lr (1e-2)
     jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5),
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5),
         jax.device_get(chunked.params), jax.device_get(plain.params),
     )
+
+
+def test_chunked_head_gradient_is_reduced_once(tiny_config_kwargs):
+    """With the batch sharded, the loop over loss chunks holds no all-reduce of the [hidden, vocab] gradient."""
+    import re
+
+    train, state, batch_sharding, mesh = _setup(tiny_config_kwargs, (2, 4, 1, 1, 1), loss_chunk_size=4)
+    with jax.set_mesh(mesh):
+        hlo = train.lower(state, jax.device_put(_batch(), batch_sharding)).compile().as_text()
+    h, v = tiny_config_kwargs["hidden_size"], tiny_config_kwargs["vocab_size"]
+    head = re.compile(rf"f32\[({h},{v}|{v},{h})\]")
+    bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    assert bodies, "the chunked loss should compile to a loop"
+    computation, in_loop, outside = None, [], []
+    for line in hlo.splitlines():
+        if line and not line[0].isspace():
+            computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+        result = re.split(r" all-reduce(?:-start)?\(", line)
+        if len(result) > 1 and head.search(result[0]):
+            (in_loop if computation in bodies else outside).append(line.strip()[:120])
+    assert not in_loop
+    assert outside  # reduced once, after the loop

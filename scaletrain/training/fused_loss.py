@@ -16,7 +16,14 @@ logits and letting autodiff do the rest, this
   over each chunk while it is in cache.
 
 The backward pass only scales the stored gradients by the incoming cotangent (the
-objective is linear in them). The objective is ``sum(loss) + z_weight * sum(z_loss)``;
+objective is linear in them).
+
+When the batch is sharded over devices (``batch_axes`` of an active mesh), each
+device's share of ``h^T dlogits`` is a partial sum over its rows. Accumulated into one
+``[H, V]`` carry, XLA would all-reduce that whole matrix after every chunk (it cannot
+carry a pending reduction through a loop); so the carry gets a leading per-shard axis
+``[S, H, V]``, sharded like the batch (each device holds one ``[H, V]``, as before),
+and the sum over shards is taken once, after the loop. The objective is ``sum(loss) + z_weight * sum(z_loss)``;
 the :class:`LossSums` returned beside it are metrics and carry no gradient. Outside
 differentiation (evaluation) only the loss is computed, chunk by chunk.
 """
@@ -24,11 +31,13 @@ differentiation (evaluation) only the loss is computed, chunk by chunk.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from scaletrain.models.cpu_dots import contract_rows, dot
 from scaletrain.training.loss import LossSums, next_token_targets, token_sums_and_log_z
@@ -37,14 +46,17 @@ Array = jax.Array
 
 
 def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any, chunk_size: int,
-                    z_weight: float = 0.0, precision: Any = None,
-                    transposed: bool = False) -> tuple[Array, LossSums]:
+                    z_weight: float = 0.0, precision: Any = None, transposed: bool = False,
+                    batch_axes: Any = None) -> tuple[Array, LossSums]:
     """``(sum(loss) + z_weight * sum(z_loss), LossSums)`` of the head ``kernel`` on ``hidden`` [B, T, H].
 
     ``kernel`` is [H, V], or [V, H] (a tied embedding) if ``transposed``; ``mask``
     [B, T-1] is :func:`~scaletrain.training.loss.target_mask`'s. The sequence is cut into
     chunks of ``chunk_size`` positions (all rows of the batch in each, so a batch
     axis sharded over devices stays where it is); a chunk above T is cut to T.
+    ``batch_axes``: the mesh axes the batch dimension is sharded over (the model's
+    ``partition_axis.batch_axis``), so the head's weight gradient is reduced over them
+    once rather than once per chunk.
     """
     b, t, h = hidden.shape
     chunk_size = min(chunk_size, t)
@@ -60,7 +72,40 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
         return jnp.moveaxis(x.reshape(b, chunks, chunk_size, *x.shape[2:]), 1, 0)
 
     return _fused(split(hidden.astype(dtype)), kernel.astype(dtype), split(targets), split(full_mask),
-                  float(z_weight), precision, transposed)
+                  float(z_weight), precision, transposed, _shard_axes(b, batch_axes))
+
+
+def _shard_axes(batch: int, axes: Any) -> tuple[str, ...]:
+    """The axes of ``axes`` that shard a batch of ``batch`` rows on the active mesh (none outside one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or axes is None:
+        return ()
+    sizes = dict(mesh.shape_tuple)
+    names = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if sizes.get(a, 1) > 1)
+    return names if names and batch % _shard_count(names) == 0 else ()
+
+
+def _shard_count(axes: tuple[str, ...]) -> int:
+    sizes = dict(jax.sharding.get_abstract_mesh().shape_tuple)
+    return math.prod(sizes[a] for a in axes)
+
+
+def _per_shard(x: Array, axes: tuple[str, ...]) -> Array:
+    """``x`` [S, ...] with its leading axis sharded over ``axes``, the rest left to XLA."""
+    return lax.with_sharding_constraint(x, PartitionSpec(axes, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)))
+
+
+def _head_grad(h: Array, dlogits: Array, axes: tuple[str, ...], precision: Any) -> Array:
+    """``h^T dlogits`` in float32: [H, V], or [S, H, V] per batch shard when ``axes`` shard the batch."""
+    if not axes:
+        return contract_rows(h, dlogits, precision).astype(jnp.float32)
+    shards = _shard_count(axes)
+    hs = _per_shard(h.reshape(shards, -1, *h.shape[1:]), axes)
+    ds = _per_shard(dlogits.reshape(shards, -1, *dlogits.shape[1:]), axes)
+    rows = tuple(range(1, h.ndim))
+    out = lax.dot_general(hs, ds, ((rows, rows), ((0,), (0,))), precision=precision,
+                          preferred_element_type=jnp.float32)
+    return _per_shard(out, axes)
 
 
 def _chunk_logits(h: Array, w: Array, precision: Any, transposed: bool) -> Array:
@@ -79,9 +124,9 @@ def _objective(s: LossSums, z_weight: float) -> Array:
     return s.loss + z_weight * s.z_loss
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
-           transposed: bool) -> tuple[Array, LossSums]:
+           transposed: bool, axes: tuple[str, ...]) -> tuple[Array, LossSums]:
     def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
         h, t, m = xs
         return _add(carry, token_sums_and_log_z(_chunk_logits(h, w, precision, transposed), t, m)[0]), None
@@ -91,7 +136,7 @@ def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision
 
 
 def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
-               transposed: bool) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
+               transposed: bool, axes: tuple[str, ...]) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
     vocab = w.shape[0] if transposed else w.shape[1]
 
     def body(carry: tuple[LossSums, Array], xs: tuple[Array, Array, Array]) -> tuple[tuple[LossSums, Array], Array]:
@@ -104,17 +149,21 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
         onehot = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == t[..., None]
         dlogits = (jnp.exp(logits - log_z[..., None]) * scale - jnp.where(onehot, m[..., None], 0.0)).astype(w.dtype)
         dh = dot(dlogits, w, rhs_transposed=not transposed, precision=precision)
-        dw = dw + contract_rows(h, dlogits, precision).astype(jnp.float32)  # [H, V]
+        dw = dw + _head_grad(h, dlogits, axes, precision)
         return (_add(sums, chunk), dw), dh.astype(h.dtype)
 
     dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
+    if axes:
+        dw0 = _per_shard(jnp.zeros((_shard_count(axes), *dw0.shape), jnp.float32), axes)
     (sums, dw), dhs = lax.scan(body, (_zeros(), dw0), (hs, ts, ms))
+    if axes:
+        dw = dw.sum(0)  # the one reduction over the batch shards
     dw = (dw.T if transposed else dw).astype(w.dtype)
     return (_objective(sums, z_weight), sums), (dhs, dw)
 
 
-def _fused_bwd(z_weight: float, precision: Any, transposed: bool, res: tuple[Array, Array],
-               cotangents: tuple[Array, LossSums]) -> tuple[Array, Array, None, None]:
+def _fused_bwd(z_weight: float, precision: Any, transposed: bool, axes: tuple[str, ...],
+               res: tuple[Array, Array], cotangents: tuple[Array, LossSums]) -> tuple[Array, Array, None, None]:
     dhs, dw = res
     g = cotangents[0]  # the sums are metrics: their cotangents are ignored
     return (g * dhs).astype(dhs.dtype), (g * dw).astype(dw.dtype), None, None
