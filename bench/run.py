@@ -8,7 +8,8 @@ object: scaletrain's steady tokens/s over each peer's (null with a reason where 
 peer could not run).
 
 Contenders: ``scaletrain`` (the Trainer), ``bare_jax`` (a jitted flax-nnx + optax
-loop on scaletrain's own model module), ``easydel`` (EasyDeL's Trainer, pinned, in
+loop on scaletrain's own model module, started with the same glibc huge-page tunable as
+scaletrain), ``easydel`` (EasyDeL's Trainer, pinned, in
 its own venv), ``hf_eager`` and ``hf_compile`` (the Hugging Face Trainer on torch
 CPU, without and with ``torch.compile``); opt-in ``hf_compile_hugepages`` (the latter with the
 glibc huge-page tunable scaletrain starts with).
@@ -50,9 +51,12 @@ CONTENDERS: dict[str, tuple[str, str, str]] = {
 }
 #: run only when named in ``--only``
 OPT_IN = ("hf_compile_hugepages",)
-#: extra environment of a contender: HF + torch.compile with the glibc huge-page tunable that
-#: scaletrain's CLI and contender start with (scaletrain/host_memory.py), to show what it is worth to torch
-CONTENDER_ENV: dict[str, dict[str, str]] = {"hf_compile_hugepages": {"GLIBC_TUNABLES": TUNABLE}}
+#: extra environment of a contender. The glibc huge-page tunable that scaletrain's CLI and
+#: contender start with (scaletrain/host_memory.py) is given to the bare JAX loop too, so that
+#: ``vs_bare_jax`` measures the framework around the same step, not the process setting; and
+#: to HF + torch.compile in the opt-in contender, to show what it is worth to torch
+CONTENDER_ENV: dict[str, dict[str, str]] = {"bare_jax": {"GLIBC_TUNABLES": TUNABLE},
+                                            "hf_compile_hugepages": {"GLIBC_TUNABLES": TUNABLE}}
 IN_PROCESS = ("scaletrain", "bare_jax")  # need nothing but scaletrain's own environment
 
 TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

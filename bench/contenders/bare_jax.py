@@ -4,7 +4,9 @@ It reuses scaletrain's Llama module, so the model maths is identical and only th
 framework around it differs: no Trainer, no callbacks, no metrics but the loss, no
 sharding machinery. The optimizer is the same chain as scaletrain's default
 (global-norm clip 1.0, AdamW b1=0.9 b2=0.95, constant learning rate); the state is
-donated; the loss is the plain mean next-token cross-entropy in float32.
+donated; the loss is the plain mean next-token cross-entropy in float32. ``run.py``
+starts it with the same glibc huge-page tunable as scaletrain (``GLIBC_TUNABLES``), so
+the two differ only in the framework around the step; its result says whether it was on.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def main() -> None:
         if clock.wants(i + 1):
             loss.block_until_ready()
             clock.mark(i + 1)
-    clock.finish(out, final_loss=float(loss), devices=jax.device_count(), backend=jax.default_backend())
+    clock.finish(out, final_loss=float(loss), devices=jax.device_count(), backend=jax.default_backend(),
+                 glibc_tunables=os.environ.get("GLIBC_TUNABLES", ""))
 
 
 if __name__ == "__main__":
