@@ -23,6 +23,15 @@ from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 
+#: How the non-finite guard keeps the old state: ``"cond"`` runs the optimizer update inside
+#: ``lax.cond``; ``"where"`` computes it and selects between new and old state leaf by leaf;
+#: ``"auto"`` is ``cond`` on CPU and ``where`` elsewhere. On XLA CPU the select costs ~10% of
+#: the benchmark step (it reads and writes params and both Adam moments once more, and the
+#: old state must outlive the in-place update, so XLA copies it): ``bench/variant_ab.py``
+#: gave 1.096x wall for ``cond``, the same as no guard at all. On GPU a conditional copies
+#: its predicate to the host mid-step, while the select is one fused pass over HBM.
+GUARD = "auto"
+
 
 def _forward(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | None = None,
              z_loss: float = 0.0) -> tuple[jax.Array, LossSums]:
@@ -113,12 +122,19 @@ def train_step(
     denom = jnp.maximum(sums.tokens, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(sums.loss) & jnp.isfinite(grad_norm)
-    if guard_nonfinite:
+
+    def update() -> tuple[Any, Any]:
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), opt_state
+
+    if not guard_nonfinite:
+        params, opt_state = update()
+    elif GUARD == "cond" or (GUARD == "auto" and jax.default_backend() == "cpu"):
+        params, opt_state = lax.cond(finite, update, lambda: (state.params, state.opt_state))
+    else:
         params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
+            lambda new, old: jnp.where(finite, new, old), update(), (state.params, state.opt_state)
         )
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {
