@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import dtype_name
 
@@ -49,6 +50,8 @@ class TrainingArguments(BaseModel):
     dtype: str = "float32"
     param_dtype: str = "float32"
     seed: int = 0
+    # compiled programs cached on disk across runs (scaletrain.compile_cache); null: off
+    compilation_cache_dir: str | None = DEFAULT_COMPILATION_CACHE
     # evaluation
     do_eval: bool = True
     evaluation_steps: int | None = None

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from scaletrain.compile_cache import enable_compilation_cache
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.recipe import Recipe
 
@@ -135,6 +136,7 @@ def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any
     import jax
 
     args = recipe.training
+    enable_compilation_cache(args.compilation_cache_dir)  # before the model's initialiser compiles
     out = args.ensure_output_dir()
     if jax.process_index() == 0:
         with open(os.path.join(out, "recipe.yaml"), "w") as f:

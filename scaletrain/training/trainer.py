@@ -22,6 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scaletrain.arguments import TrainingArguments
+from scaletrain.compile_cache import enable_compilation_cache
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.models.factory import mesh_for_config
 from scaletrain.parallel.partition import shardings_for_state
@@ -105,6 +106,7 @@ class BaseTrainer(BaseTrainerProtocol):
         if dataset_train is None:
             raise DataError("dataset_train is required")
         self._arguments = arguments
+        enable_compilation_cache(arguments.compilation_cache_dir)  # no-op if run_training or the user set one
         self._dataset_train = dataset_train
         self._dataset_eval = dataset_eval
         self.data_collator = data_collator

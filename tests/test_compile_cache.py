@@ -1,0 +1,58 @@
+"""The persistent compilation cache: on by default, never overriding an operator's choice, bad paths named."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scaletrain.arguments import TrainingArguments
+from scaletrain.compile_cache import DEFAULT_DIR
+from scaletrain.errors import ConfigError
+
+SCRIPT = """
+import json, sys
+import jax, jax.numpy as jnp
+from scaletrain.compile_cache import enable_compilation_cache
+jnp.ones(3).block_until_ready()  # something compiled before the cache was set, like a model's initialiser
+used = enable_compilation_cache(sys.argv[1] if sys.argv[1] != "-" else None)
+f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
+f(jnp.ones((64, 64))).block_until_ready()
+print(json.dumps({"used": used}))
+"""
+
+
+def _run(arg, env_dir=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env |= {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    if env_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(env_dir)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(arg)], env=env, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_cache_written_after_an_earlier_compile_and_env_wins(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert str(ours) in _run(ours)
+    assert any(p.name.startswith("jit_") for p in ours.iterdir())  # the jitted program is on disk
+    assert str(theirs) in _run(ours / "other", env_dir=theirs)  # the operator's directory wins
+    assert not (ours / "other").exists() and any(theirs.iterdir())
+    assert '"used": null' in _run("-")
+
+
+def test_default_and_bad_directory(tmp_path):
+    assert TrainingArguments().compilation_cache_dir == DEFAULT_DIR
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    import jax
+
+    from scaletrain.compile_cache import enable_compilation_cache
+
+    saved = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        with pytest.raises(ConfigError, match="training.compilation_cache_dir: cannot create"):
+            enable_compilation_cache(str(blocker / "cache"))
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved)
