@@ -23,9 +23,11 @@ device's share of ``h^T dlogits`` is a partial sum over its rows. Accumulated in
 ``[H, V]`` carry, XLA would all-reduce that whole matrix after every chunk (it cannot
 carry a pending reduction through a loop); so the carry gets a leading per-shard axis
 ``[S, H, V]``, sharded like the batch (each device holds one ``[H, V]``, as before),
-and the sum over shards is taken once, after the loop. The objective is ``sum(loss) + z_weight * sum(z_loss)``;
-the :class:`LossSums` returned beside it are metrics and carry no gradient. Outside
-differentiation (evaluation) only the loss is computed, chunk by chunk.
+and the sum over shards is taken once, after the loop.
+
+The objective is ``sum(loss) + z_weight * sum(z_loss)``; the :class:`LossSums`
+returned beside it are metrics and carry no gradient. Outside differentiation
+(evaluation) only the loss is computed, chunk by chunk.
 """
 
 from __future__ import annotations
