@@ -105,7 +105,7 @@ def test_indivisible_dims_are_replicated():
     assert logical_to_spec(("norm",), (32,), pa, mesh) == PartitionSpec(None)
 
 
-@pytest.mark.parametrize("dims", [(1, 2, 1, 4, 1), (2, 4, 1, 1, 1)])
+@pytest.mark.parametrize("dims", [(1, 2, 1, 4, 1), (2, 4, 1, 1, 1), (1, 2, 1, 1, 4)])
 def test_chunked_loss_step_matches(tiny_config_kwargs, dims):
     plain, m1 = _one_step(tiny_config_kwargs, dims, steps=2)
     chunked, m2 = _one_step(tiny_config_kwargs, dims, steps=2, loss_chunk_size=4)
@@ -118,23 +118,31 @@ def test_chunked_loss_step_matches(tiny_config_kwargs, dims):
     )
 
 
-def test_chunked_head_gradient_is_reduced_once(tiny_config_kwargs):
-    """With the batch sharded, the loop over loss chunks holds no all-reduce of the [hidden, vocab] gradient."""
+@pytest.mark.parametrize("dims", [(2, 4, 1, 1, 1), (1, 2, 1, 1, 4)])
+def test_chunked_loss_loop_moves_no_tensors(tiny_config_kwargs, dims):
+    """Batch or sequence sharded: the loop over loss chunks all-reduces only the scalar loss sums
+    (no [hidden, vocab] head gradient, no chunk of logits); the head gradient is reduced after it."""
     import re
 
-    train, state, batch_sharding, mesh = _setup(tiny_config_kwargs, (2, 4, 1, 1, 1), loss_chunk_size=4)
+    train, state, batch_sharding, mesh = _setup(tiny_config_kwargs, dims, loss_chunk_size=2)
     with jax.set_mesh(mesh):
         hlo = train.lower(state, jax.device_put(_batch(), batch_sharding)).compile().as_text()
     h, v = tiny_config_kwargs["hidden_size"], tiny_config_kwargs["vocab_size"]
     head = re.compile(rf"f32\[({h},{v}|{v},{h})\]")
     bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo))
     assert bodies, "the chunked loss should compile to a loop"
-    computation, in_loop, outside = None, [], []
+    computation, in_loop, head_outside = None, [], []
     for line in hlo.splitlines():
         if line and not line[0].isspace():
             computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-        result = re.split(r" all-reduce(?:-start)?\(", line)
-        if len(result) > 1 and head.search(result[0]):
-            (in_loop if computation in bodies else outside).append(line.strip()[:120])
+        result = re.split(r" (?:all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(",
+                          line)
+        if len(result) == 1:
+            continue
+        shapes = re.findall(r"\w+\[([\d,]*)\]", result[0].split("=", 1)[1])
+        if computation in bodies and any(shape for shape in shapes):  # anything but scalars
+            in_loop.append(line.strip()[:120])
+        elif computation not in bodies and head.search(result[0]):
+            head_outside.append(line.strip()[:120])
     assert not in_loop
-    assert outside  # reduced once, after the loop
+    assert head_outside  # reduced once, after the loop

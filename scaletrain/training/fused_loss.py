@@ -49,65 +49,77 @@ Array = jax.Array
 
 def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any, chunk_size: int,
                     z_weight: float = 0.0, precision: Any = None, transposed: bool = False,
-                    batch_axes: Any = None) -> tuple[Array, LossSums]:
+                    batch_axes: Any = None, sequence_axes: Any = None) -> tuple[Array, LossSums]:
     """``(sum(loss) + z_weight * sum(z_loss), LossSums)`` of the head ``kernel`` on ``hidden`` [B, T, H].
 
     ``kernel`` is [H, V], or [V, H] (a tied embedding) if ``transposed``; ``mask``
     [B, T-1] is :func:`~scaletrain.training.loss.target_mask`'s. The sequence is cut into
     chunks of ``chunk_size`` positions (all rows of the batch in each, so a batch
     axis sharded over devices stays where it is); a chunk above T is cut to T.
-    ``batch_axes``: the mesh axes the batch dimension is sharded over (the model's
-    ``partition_axis.batch_axis``), so the head's weight gradient is reduced over them
-    once rather than once per chunk.
+    ``batch_axes`` / ``sequence_axes``: the mesh axes the batch and sequence dimensions
+    are sharded over (the model's ``partition_axis``). With the sequence sharded over P
+    devices, each of them chunks its own T/P positions (a chunk is P pieces, one per
+    device), so no chunk's logits cross devices; and the head's weight gradient is
+    reduced over all of these axes once rather than once per chunk.
     """
     b, t, h = hidden.shape
-    chunk_size = min(chunk_size, t)
-    chunks = -(-t // chunk_size)
-    pad = chunks * chunk_size - t
+    batch_axes, seq_axes = _shard_axes(b, batch_axes), _shard_axes(t, sequence_axes)
+    pieces = _shard_count(seq_axes)
+    local = t // pieces
+    chunk_size = min(chunk_size, local)
+    chunks = -(-local // chunk_size)
+    pad = chunks * chunk_size - local
     targets, full_mask = next_token_targets(input_ids, mask)
-    if pad:
-        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-        targets = jnp.pad(targets, ((0, 0), (0, pad)))
-        full_mask = jnp.pad(full_mask, ((0, 0), (0, pad)))
 
-    def split(x: Array) -> Array:  # [B, T, ...] -> [chunks, B, chunk, ...]
-        return jnp.moveaxis(x.reshape(b, chunks, chunk_size, *x.shape[2:]), 1, 0)
+    def split(x: Array) -> Array:  # [B, T, ...] -> [chunks, B, P, chunk, ...]
+        x = x.reshape(b, pieces, local, *x.shape[2:])
+        if pad:
+            x = jnp.pad(x, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 3))
+        return jnp.moveaxis(x.reshape(b, pieces, chunks, chunk_size, *x.shape[3:]), 2, 0)
 
     return _fused(split(hidden.astype(dtype)), kernel.astype(dtype), split(targets), split(full_mask),
-                  float(z_weight), precision, transposed, _shard_axes(b, batch_axes))
+                  float(z_weight), precision, transposed, (batch_axes, seq_axes))
 
 
-def _shard_axes(batch: int, axes: Any) -> tuple[str, ...]:
-    """The axes of ``axes`` that shard a batch of ``batch`` rows on the active mesh (none outside one)."""
+Axes = tuple[tuple[str, ...], tuple[str, ...]]  # (batch axes, sequence axes), each possibly empty
+
+
+def _shard_axes(size: int, axes: Any) -> tuple[str, ...]:
+    """The axes of ``axes`` that shard a dimension of ``size`` on the active mesh (none outside one)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or axes is None:
         return ()
     sizes = dict(mesh.shape_tuple)
     names = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if sizes.get(a, 1) > 1)
-    return names if names and batch % _shard_count(names) == 0 else ()
+    return names if names and size % _shard_count(names) == 0 else ()
 
 
 def _shard_count(axes: tuple[str, ...]) -> int:
+    if not axes:
+        return 1
     sizes = dict(jax.sharding.get_abstract_mesh().shape_tuple)
     return math.prod(sizes[a] for a in axes)
 
 
-def _per_shard(x: Array, axes: tuple[str, ...]) -> Array:
-    """``x`` [S, ...] with its leading axis sharded over ``axes``, the rest left to XLA."""
-    return lax.with_sharding_constraint(x, PartitionSpec(axes, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)))
+def _on_shards(x: Array, axes: Axes, p_dim: int) -> Array:
+    """``x`` with axis 0 sharded over the batch axes and axis ``p_dim`` (the P pieces of the
+    sequence) over the sequence axes; the other axes are left to XLA."""
+    spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
+    spec[0], spec[p_dim] = axes[0] or None, axes[1] or None
+    return lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
 
-def _head_grad(h: Array, dlogits: Array, axes: tuple[str, ...], precision: Any) -> Array:
-    """``h^T dlogits`` in float32: [H, V], or [S, H, V] per batch shard when ``axes`` shard the batch."""
-    if not axes:
+def _head_grad(h: Array, dlogits: Array, axes: Axes, precision: Any) -> Array:
+    """``h^T dlogits`` [B, P, chunk, ·] in float32: [H, V], or [Sb, P, H, V] per shard when the batch or
+    sequence is sharded (summed over shards once, after the loop)."""
+    if not any(axes):
         return contract_rows(h, dlogits, precision).astype(jnp.float32)
-    shards = _shard_count(axes)
-    hs = _per_shard(h.reshape(shards, -1, *h.shape[1:]), axes)
-    ds = _per_shard(dlogits.reshape(shards, -1, *dlogits.shape[1:]), axes)
-    rows = tuple(range(1, h.ndim))
-    out = lax.dot_general(hs, ds, ((rows, rows), ((0,), (0,))), precision=precision,
-                          preferred_element_type=jnp.float32)
-    return _per_shard(out, axes)
+    sb = _shard_count(axes[0])
+    hs = _on_shards(h.reshape(sb, -1, *h.shape[1:]), axes, 2)  # [Sb, B/Sb, P, chunk, H]
+    ds = _on_shards(dlogits.reshape(sb, -1, *dlogits.shape[1:]), axes, 2)
+    out = lax.dot_general(hs, ds, (((1, 3), (1, 3)), ((0, 2), (0, 2))), precision=precision,
+                          preferred_element_type=jnp.float32)  # [Sb, P, H, V]
+    return _on_shards(out, axes, 1)
 
 
 def _chunk_logits(h: Array, w: Array, precision: Any, transposed: bool) -> Array:
@@ -128,7 +140,7 @@ def _objective(s: LossSums, z_weight: float) -> Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
-           transposed: bool, axes: tuple[str, ...]) -> tuple[Array, LossSums]:
+           transposed: bool, axes: Axes) -> tuple[Array, LossSums]:
     def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
         h, t, m = xs
         return _add(carry, token_sums_and_log_z(_chunk_logits(h, w, precision, transposed), t, m)[0]), None
@@ -138,7 +150,7 @@ def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision
 
 
 def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
-               transposed: bool, axes: tuple[str, ...]) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
+               transposed: bool, axes: Axes) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
     vocab = w.shape[0] if transposed else w.shape[1]
 
     def body(carry: tuple[LossSums, Array], xs: tuple[Array, Array, Array]) -> tuple[tuple[LossSums, Array], Array]:
@@ -155,16 +167,16 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
         return (_add(sums, chunk), dw), dh.astype(h.dtype)
 
     dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
-    if axes:
-        dw0 = _per_shard(jnp.zeros((_shard_count(axes), *dw0.shape), jnp.float32), axes)
+    if any(axes):
+        dw0 = _on_shards(jnp.zeros((_shard_count(axes[0]), _shard_count(axes[1]), *dw0.shape), jnp.float32), axes, 1)
     (sums, dw), dhs = lax.scan(body, (_zeros(), dw0), (hs, ts, ms))
-    if axes:
-        dw = dw.sum(0)  # the one reduction over the batch shards
+    if any(axes):
+        dw = dw.sum((0, 1))  # the one reduction over the shards
     dw = (dw.T if transposed else dw).astype(w.dtype)
     return (_objective(sums, z_weight), sums), (dhs, dw)
 
 
-def _fused_bwd(z_weight: float, precision: Any, transposed: bool, axes: tuple[str, ...],
+def _fused_bwd(z_weight: float, precision: Any, transposed: bool, axes: Axes,
                res: tuple[Array, Array], cotangents: tuple[Array, LossSums]) -> tuple[Array, Array, None, None]:
     dhs, dw = res
     g = cotangents[0]  # the sums are metrics: their cotangents are ignored

@@ -45,8 +45,9 @@ def _forward(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | No
     hidden = model.hidden_states(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
     if loss_chunk_size:
         kernel, transposed = model.lm_head_weight()
+        pa = model.config.partition_axis
         return fused_head_loss(hidden, kernel, batch["input_ids"], mask, model.dtype, loss_chunk_size, z_loss,
-                               model.precision, transposed, model.config.partition_axis.batch_axis)
+                               model.precision, transposed, pa.batch_axis, pa.sequence_axis)
     sums = cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
     return sums.loss + z_loss * sums.z_loss, sums
 
