@@ -55,7 +55,8 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
     ``kernel`` is [H, V], or [V, H] (a tied embedding) if ``transposed``; ``mask``
     [B, T-1] is :func:`~scaletrain.training.loss.target_mask`'s. The sequence is cut into
     chunks of ``chunk_size`` positions (all rows of the batch in each, so a batch
-    axis sharded over devices stays where it is); a chunk above T is cut to T.
+    axis sharded over devices stays where it is); a chunk longer than the sequence (or
+    than one device's share of it) is cut to that length.
     ``batch_axes`` / ``sequence_axes``: the mesh axes the batch and sequence dimensions
     are sharded over (the model's ``partition_axis``). With the sequence sharded over P
     devices, each of them chunks its own T/P positions (a chunk is P pieces, one per
