@@ -42,7 +42,8 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
         config = BenchConfig(**TINY)
     else:
         config = BenchConfig(seq_len=seq, batch_size=batch)
-    step = scaletrain_step(config.hf_config(), config.batch_size, config.seq_len, dtype=dtype, compiler_options=scope.get("opts"))
+    step = scaletrain_step(config.hf_config(), config.batch_size, config.seq_len, dtype=dtype,
+                           compiler_options=scope.get("opts"))
     for _ in range(2):
         jax.block_until_ready(step.run())
     return step.run

@@ -20,7 +20,7 @@ from scaletrain.errors import ConfigError
 DEFAULT_DIR = "~/.cache/scaletrain/jax"
 
 
-def enable_compilation_cache(path: str | None, field: str = "training.compilation_cache_dir") -> str | None:
+def enable_compilation_cache(path: str | None) -> str | None:
     """Use ``path`` as JAX's compilation cache unless one is already set; returns the one in use.
 
     A directory already set (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) wins, so
@@ -36,7 +36,8 @@ def enable_compilation_cache(path: str | None, field: str = "training.compilatio
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{field}: cannot create {path}: {e.strerror} (set it to null to turn caching off)") from e
+        raise ConfigError(f"training.compilation_cache_dir: cannot create {path}: {e.strerror} "
+                          "(set it to null to turn caching off)") from e
     from jax.experimental.compilation_cache import compilation_cache
 
     compilation_cache.reset_cache()  # it may have been checked (and found unset) by an earlier compile

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec
 from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
+from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 
 Array = jax.Array
 
@@ -196,7 +197,7 @@ class Attention(nnx.Module):
             out = fused_attention(q, k, v, mask)
         else:
             # query blocks slice the sequence: not where it is split over devices (sp)
-            blocks = causal_blocks(t, t) if _mesh_axis_size(self.sequence_axis) == 1 else 1
+            blocks = causal_blocks(t, t) if active_axis_size(self.sequence_axis) == 1 else 1
             out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
@@ -367,31 +368,15 @@ _REMAT_POLICIES = {
 }
 
 
-def _mesh_axis_size(axes: Any) -> int:
-    """Devices along mesh axis (or axes) ``axes`` of the active mesh; 1 outside a mesh."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or axes is None:
-        return 1
-    sizes = dict(mesh.shape_tuple)
-    return math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes))
-
-
 def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
     """Shard an activation when a mesh is active (a no-op outside ``jax.set_mesh``).
 
     Mesh axes that are absent, of size 1, or that do not divide the dimension are
     dropped, so a batch of 1 (generation) still runs on an 8-way mesh.
     """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if jax.sharding.get_abstract_mesh().empty:
         return x
-    sizes = dict(mesh.shape_tuple)
-    parts: list[Any] = []
-    for dim, axes in zip(x.shape, spec):
-        names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
-        names = tuple(a for a in names if sizes.get(a, 1) > 1)
-        total = _mesh_axis_size(names)
-        parts.append(names if names and dim % total == 0 else None)
+    parts = [active_sharding_axes(axes, dim) or None for dim, axes in zip(x.shape, spec)]
     return lax.with_sharding_constraint(x, PartitionSpec(*parts))
 
 

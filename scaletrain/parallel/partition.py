@@ -60,6 +60,29 @@ def _axis_size(mesh: Mesh, axes: AxisSpec) -> int:
     return math.prod(mesh.shape[n] for n in names)
 
 
+def active_axis_size(axes: AxisSpec) -> int:
+    """Devices along mesh axis (or axes) ``axes`` of the active mesh (``jax.set_mesh``); 1 outside one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or axes is None:
+        return 1
+    sizes = dict(mesh.shape_tuple)
+    return math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes))
+
+
+def active_sharding_axes(axes: AxisSpec, size: int) -> tuple[str, ...]:
+    """The axes of ``axes`` that shard a dimension of ``size`` on the active mesh.
+
+    Axes that are absent or of one device are dropped; if the rest do not divide
+    ``size``, or no mesh is active, none shard it (the dimension stays replicated).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or axes is None:
+        return ()
+    sizes = dict(mesh.shape_tuple)
+    names = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if sizes.get(a, 1) > 1)
+    return names if names and size % active_axis_size(names) == 0 else ()
+
+
 def logical_to_spec(
     logical_axes: tuple[str | None, ...],
     shape: tuple[int, ...],

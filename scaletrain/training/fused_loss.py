@@ -18,12 +18,13 @@ logits and letting autodiff do the rest, this
 The backward pass only scales the stored gradients by the incoming cotangent (the
 objective is linear in them).
 
-When the batch is sharded over devices (``batch_axes`` of an active mesh), each
-device's share of ``h^T dlogits`` is a partial sum over its rows. Accumulated into one
-``[H, V]`` carry, XLA would all-reduce that whole matrix after every chunk (it cannot
-carry a pending reduction through a loop); so the carry gets a leading per-shard axis
-``[S, H, V]``, sharded like the batch (each device holds one ``[H, V]``, as before),
-and the sum over shards is taken once, after the loop.
+When the batch or the sequence is sharded over devices (``batch_axes`` /
+``sequence_axes`` of an active mesh), each device's share of ``h^T dlogits`` is a
+partial sum over its positions. Accumulated into one ``[H, V]`` carry, XLA would
+all-reduce that whole matrix after every chunk (it cannot carry a pending reduction
+through a loop); so the carry gets leading per-shard axes ``[Sb, P, H, V]``, sharded
+like the batch and the sequence (each device holds one ``[H, V]``, as before), and the
+sum over shards is taken once, after the loop.
 
 The objective is ``sum(loss) + z_weight * sum(z_loss)``; the :class:`LossSums`
 returned beside it are metrics and carry no gradient. Outside differentiation
@@ -33,7 +34,6 @@ returned beside it are metrics and carry no gradient. Outside differentiation
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -42,6 +42,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from scaletrain.models.cpu_dots import contract_rows, dot
+from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 from scaletrain.training.loss import LossSums, next_token_targets, token_sums_and_log_z
 
 Array = jax.Array
@@ -64,8 +65,8 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
     reduced over all of these axes once rather than once per chunk.
     """
     b, t, h = hidden.shape
-    batch_axes, seq_axes = _shard_axes(b, batch_axes), _shard_axes(t, sequence_axes)
-    pieces = _shard_count(seq_axes)
+    batch_axes, seq_axes = active_sharding_axes(batch_axes, b), active_sharding_axes(sequence_axes, t)
+    pieces = active_axis_size(seq_axes)
     local = t // pieces
     chunk_size = min(chunk_size, local)
     chunks = -(-local // chunk_size)
@@ -85,23 +86,6 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
 Axes = tuple[tuple[str, ...], tuple[str, ...]]  # (batch axes, sequence axes), each possibly empty
 
 
-def _shard_axes(size: int, axes: Any) -> tuple[str, ...]:
-    """The axes of ``axes`` that shard a dimension of ``size`` on the active mesh (none outside one)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or axes is None:
-        return ()
-    sizes = dict(mesh.shape_tuple)
-    names = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if sizes.get(a, 1) > 1)
-    return names if names and size % _shard_count(names) == 0 else ()
-
-
-def _shard_count(axes: tuple[str, ...]) -> int:
-    if not axes:
-        return 1
-    sizes = dict(jax.sharding.get_abstract_mesh().shape_tuple)
-    return math.prod(sizes[a] for a in axes)
-
-
 def _on_shards(x: Array, axes: Axes, p_dim: int) -> Array:
     """``x`` with axis 0 sharded over the batch axes and axis ``p_dim`` (the P pieces of the
     sequence) over the sequence axes; the other axes are left to XLA."""
@@ -115,7 +99,7 @@ def _head_grad(h: Array, dlogits: Array, axes: Axes, precision: Any) -> Array:
     sequence is sharded (summed over shards once, after the loop)."""
     if not any(axes):
         return contract_rows(h, dlogits, precision).astype(jnp.float32)
-    sb = _shard_count(axes[0])
+    sb = active_axis_size(axes[0])
     hs = _on_shards(h.reshape(sb, -1, *h.shape[1:]), axes, 2)  # [Sb, B/Sb, P, chunk, H]
     ds = _on_shards(dlogits.reshape(sb, -1, *dlogits.shape[1:]), axes, 2)
     out = lax.dot_general(hs, ds, (((1, 3), (1, 3)), ((0, 2), (0, 2))), precision=precision,
@@ -169,7 +153,7 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
 
     dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
     if any(axes):
-        dw0 = _on_shards(jnp.zeros((_shard_count(axes[0]), _shard_count(axes[1]), *dw0.shape), jnp.float32), axes, 1)
+        dw0 = _on_shards(jnp.zeros((active_axis_size(axes[0]), active_axis_size(axes[1]), *dw0.shape), jnp.float32), axes, 1)
     (sums, dw), dhs = lax.scan(body, (_zeros(), dw0), (hs, ts, ms))
     if any(axes):
         dw = dw.sum((0, 1))  # the one reduction over the shards
