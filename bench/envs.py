@@ -8,6 +8,7 @@ the local CPU wheel (``torch==2.13.0``); any other version would pull CUDA.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -24,6 +25,9 @@ REQUIREMENTS: dict[str, list[str]] = {
     # EasyDeL 0.3.0 imports Pillow and torch eagerly but does not declare them
     "easydel": [f"easydel=={EASYDEL_VERSION}", f"torch=={TORCH_VERSION}", "pillow"],
     "hf": ["transformers>=5.0,<6", "accelerate>=1.0", f"torch=={TORCH_VERSION}"],
+    # JAX's CUDA plugin (~6 GB of CUDA wheels) for compiling GPU steps on a CPU host (gpu_aot.py);
+    # scaletrain itself comes from the checkout on PYTHONPATH, its install only brings the deps
+    "gpu_aot": [f"{os.path.dirname(HERE)}[cuda12]"],
 }
 
 
@@ -44,8 +48,8 @@ def ensure_venv(name: str, log: bool = True) -> Interpreter:
     """Create ``bench/.venvs/<name>`` with its pinned requirements (once); return its python."""
     path = os.path.join(VENVS, name)
     python = os.path.join(path, "bin", "python")
-    marker = os.path.join(path, ".installed-" + "-".join(r.replace("=", "").replace(">", "").replace("<", "")
-                                                       .replace(",", "") for r in REQUIREMENTS[name]))
+    pins = hashlib.sha256("\n".join(REQUIREMENTS[name]).encode()).hexdigest()[:16]
+    marker = os.path.join(path, f".installed-{pins}")
     if os.path.exists(marker):
         return Interpreter(python)
     if log:

@@ -23,11 +23,13 @@ class CompiledStep:
 
 def scaletrain_step(model_kwargs: dict[str, Any], batch: int, seq: int, dtype: str = "float32",
                     param_dtype: str = "float32", seed: int = 0,
-                    compiler_options: dict[str, Any] | None = None) -> CompiledStep:
+                    compiler_options: dict[str, Any] | None = None, tokens_only: bool = False) -> CompiledStep:
     """Build model, optimizer state and the jitted step exactly as ``Trainer.configure_*`` do.
 
     ``compiler_options`` are XLA debug options for this one compilation (e.g.
     ``{"xla_cpu_enable_fast_math": True}``), so flags can be compared within one process.
+    ``tokens_only``: the batch is ``input_ids`` alone, as the loader gives it for rows that
+    are each one unpadded sequence; else with segment ids (of ones) and positions.
     """
     import jax
     import numpy as np
@@ -50,8 +52,10 @@ def scaletrain_step(model_kwargs: dict[str, Any], batch: int, seq: int, dtype: s
     train, _ = make_step_functions(tx, state_shardings(holder["state"]), bs, NamedSharding(mesh, PartitionSpec()),
                                    1, 0.0, loss_chunk_size=resolve_chunk_size("auto", cfg.vocab_size, seq))
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32)
-    data = jax.device_put({"input_ids": ids, "segment_ids": np.ones_like(ids),
-                           "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), ids.shape).copy()}, bs)
+    batch = {"input_ids": ids} if tokens_only else {
+        "input_ids": ids, "segment_ids": np.ones_like(ids),
+        "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), ids.shape).copy()}
+    data = jax.device_put(batch, bs)
     with jax.set_mesh(mesh):
         compiled = train.lower(holder["state"], data).compile(compiler_options)
     analysis = compiled.memory_analysis()

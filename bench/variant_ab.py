@@ -6,7 +6,8 @@ Each argument is a Python statement run just before that variant's step is built
 compiled (:func:`stepfn.scaletrain_step`, the exact step the Trainer compiles), with
 ``llama`` (``scaletrain.models.llama``), ``loss`` and ``steps`` (``scaletrain.training``)
 in scope; a statement that binds ``opts`` to a dict passes it to XLA as that variant's
-compiler options (``"opts = {'xla_cpu_enable_fast_math': True}"``). Module constants read at trace time are how a model-level change is
+compiler options (``"opts = {'xla_cpu_enable_fast_math': True}"``), one that sets
+``tokens_only = True`` feeds that variant batches of ``input_ids`` alone. Module constants read at trace time are how a model-level change is
 switched off and on without two checkouts. Both compiled steps then alternate in
 bursts, so both see the same machine: on this VM the same step's speed drifts by
 ±25% over tens of minutes, far more than the changes being compared.
@@ -43,7 +44,7 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     else:
         config = BenchConfig(seq_len=seq, batch_size=batch)
     step = scaletrain_step(config.hf_config(), config.batch_size, config.seq_len, dtype=dtype,
-                           compiler_options=scope.get("opts"))
+                           compiler_options=scope.get("opts"), tokens_only=bool(scope.get("tokens_only")))
     for _ in range(2):
         jax.block_until_ready(step.run())
     return step.run

@@ -335,3 +335,24 @@ def test_iterator_rejects_bad_arguments():
         make_batch_iterator(rows, 8, seed=0, process_index=2, process_count=2)
     with pytest.raises(ConfigError, match="num_epochs"):
         make_batch_iterator(rows, 8, seed=0, num_epochs=0, process_index=0, process_count=1)
+
+
+def test_single_segment_rows_give_token_only_batches():
+    """Rows that are each one unpadded sequence need no segment ids or positions: the model
+    then runs plain causal attention. Any packing, padding, or a padded last batch keeps them."""
+    rows = _row_ids(12)
+    assert rows.single_segment
+    batch = next(make_batch_iterator(rows, 4, seed=0, process_index=0, process_count=1))
+    assert set(batch) == {"input_ids"}
+    padded = next(make_batch_iterator(rows, 5, seed=0, drop_remainder=False, num_epochs=1,
+                                      process_index=0, process_count=1))
+    assert set(padded) == {"input_ids", "segment_ids", "positions"}  # the iterator pads its last batch
+
+    two_docs = PackedRows(rows.input_ids, np.where(np.arange(4) < 2, 1, 2) * np.ones_like(rows.segment_ids),
+                          np.tile(np.asarray([0, 1, 0, 1], np.int32), (12, 1)))
+    with_padding = PackedRows(rows.input_ids, np.where(np.arange(4) < 3, 1, 0) * np.ones_like(rows.segment_ids),
+                              rows.positions)
+    shifted = PackedRows(rows.input_ids, rows.segment_ids, rows.positions + 1)
+    for other in (two_docs, with_padding, shifted):
+        assert not other.single_segment
+        assert "segment_ids" in next(make_batch_iterator(other, 4, seed=0, process_index=0, process_count=1))

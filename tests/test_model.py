@@ -137,6 +137,42 @@ def test_fused_attention_arguments_match_the_einsum_path(window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_attention_without_a_mask_is_causal_attention(blocks):
+    """``mask=None`` (rows that are one unpadded sequence) equals the causal mask of one
+    segment, in the einsum path (whole and in query blocks) and in the arguments given to
+    cuDNN, checked through JAX's XLA implementation."""
+    from scaletrain.models.llama import build_attention_mask, dot_product_attention, fused_attention
+
+    rng = np.random.default_rng(2)
+    b, t, nq, nkv, d = 2, 12, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (nq, nkv, nkv))
+    seg = jnp.ones((b, t), jnp.int32)
+    mask = build_attention_mask(seg, jnp.broadcast_to(jnp.arange(t), (b, t)), None)
+    cot = jnp.asarray(rng.normal(size=(b, t, nq, d)), jnp.float32)
+
+    def f(m):
+        return lambda q, k, v: jnp.sum(dot_product_attention(q, k, v, m, jnp.float32, None, blocks=blocks) * cot)
+
+    want, want_grads = jax.value_and_grad(f(mask), argnums=(0, 1, 2))(q, k, v)
+    got, got_grads = jax.value_and_grad(f(None), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    fused = fused_attention(q, k, v, None, implementation="xla")
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(dot_product_attention(q, k, v, mask, jnp.float32, None)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_model_without_segments_equals_one_segment(tiny_config_kwargs):
+    """No segment ids, positions or attention mask: the same logits as one segment per row."""
+    model = _model(**tiny_config_kwargs)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 16)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(16), ids.shape)
+    np.testing.assert_allclose(np.asarray(model(ids)), np.asarray(model(ids, pos, jnp.ones_like(ids))),
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("blocks", [2, 3, 4])
 @pytest.mark.parametrize("window", [None, 5])
 def test_causal_query_blocks_equal_full_attention(blocks, window):

@@ -146,3 +146,13 @@ def test_chunked_loss_loop_moves_no_tensors(tiny_config_kwargs, dims):
             head_outside.append(line.strip()[:120])
     assert not in_loop
     assert head_outside  # reduced once, after the loop
+
+
+def test_active_platform_follows_the_mesh():
+    """Per-platform code paths follow the devices of the mesh being traced for (a GPU topology
+    compiled on a CPU host traces the GPU graph: bench/gpu_aot.py), else the default backend."""
+    from scaletrain.parallel.partition import active_platform
+
+    assert active_platform() == jax.default_backend()
+    with jax.set_mesh(create_mesh((1, 1, 1, 1, 1), devices=jax.devices()[:1])):
+        assert active_platform() == "cpu"

@@ -39,3 +39,24 @@ def test_guards_agree_on_a_finite_update(tiny_config_kwargs):
     assert m1["nonfinite"] == m2["nonfinite"] == 0.0
     jax.tree.map(np.testing.assert_array_equal, cond, where)
     assert not np.array_equal(cond[0]["lm_head"]["kernel"], before[0]["lm_head"]["kernel"])
+
+
+@pytest.mark.parametrize("dims", [(1, 1, 1, 1, 1), (1, 2, 1, 1, 4)])
+def test_token_only_batch_is_one_segment_per_row(tiny_config_kwargs, dims):
+    """A batch of ``input_ids`` alone (what the loader gives for rows that are each one unpadded
+    sequence) trains exactly as segment ids of ones and positions 0..T-1, also with the
+    sequence split over devices (the causal mask is then made per shard)."""
+    devices = jax.devices()[:1] if dims == (1, 1, 1, 1, 1) else None
+    ids = _batch()["input_ids"]
+    full = {"input_ids": ids, "segment_ids": np.ones_like(ids),
+            "positions": np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape).copy()}
+    results = []
+    for batch in (full, {"input_ids": ids}):
+        train, state, batch_sharding, mesh = _setup(tiny_config_kwargs, dims, devices)
+        with jax.set_mesh(mesh):
+            new, metrics = train(state, jax.device_put(batch, batch_sharding))
+        results.append((jax.device_get(new.params), jax.device_get(metrics)))
+    (want_params, want), (got_params, got) = results
+    assert got["tokens"] == want["tokens"] == ids.size - ids.shape[0]
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got_params, want_params)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -78,6 +79,19 @@ class PackedRows:
         """Fraction of the row slots holding real tokens (1.0 = no padding)."""
         size = self.segment_ids.size
         return self.num_tokens / size if size else 0.0
+
+    @cached_property
+    def single_segment(self) -> bool:
+        """Every row is one unpadded sequence: segment 1 throughout, positions ``0..L-1``.
+
+        Then attention is plain causal attention and the loss masks only the last
+        position, so :func:`scaletrain.data.pipeline.make_batch_iterator` leaves
+        ``segment_ids`` and ``positions`` out of the batches and the model builds no
+        ``[B, 1, T, S]`` mask (on cuDNN a mask becomes a bias with its own gradient).
+        One vectorised pass over the rows, the first time it is asked.
+        """
+        arange = np.arange(self.max_length, dtype=self.positions.dtype)
+        return bool(np.all(self.segment_ids == 1) and np.all(self.positions == arange))
 
     def __len__(self) -> int:
         return self.num_rows

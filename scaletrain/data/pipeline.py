@@ -239,21 +239,26 @@ def steps_per_epoch(rows: Any, global_batch_size: int, *, drop_remainder: bool =
 
 
 class _GatherRows:
-    """Turns a batch of row indices into arrays; indices past the end are empty padding rows."""
+    """Turns a batch of row indices into arrays; indices past the end are empty padding rows.
 
-    def __init__(self, rows: PackedRows):
+    ``tokens_only``: the batches hold no ``segment_ids``/``positions`` (rows that are
+    each one unpadded sequence, and an iterator that never pads: see
+    :attr:`PackedRows.single_segment`).
+    """
+
+    def __init__(self, rows: PackedRows, tokens_only: bool = False):
         self._rows = rows
+        self._tokens_only = tokens_only
 
     def __call__(self, index: np.ndarray) -> dict[str, np.ndarray]:
         rows = self._rows
         index = np.asarray(index, dtype=np.int64)
         pad = index >= rows.num_rows
         take = np.where(pad, 0, index)
-        out = {
-            "input_ids": rows.input_ids[take],
-            "segment_ids": rows.segment_ids[take],
-            "positions": rows.positions[take],
-        }
+        out = {"input_ids": rows.input_ids[take]}
+        if not self._tokens_only:
+            out["segment_ids"] = rows.segment_ids[take]
+            out["positions"] = rows.positions[take]
         if rows.loss_mask is not None:
             out["loss_mask"] = rows.loss_mask[take]
         if pad.any():
@@ -303,7 +308,10 @@ def make_batch_iterator(
     dataset of example dicts (a list, a ``datasets.Dataset``, a ``grain.MapDataset``,
     a dict of columns), which is collated to ``max_length`` with ``truncation_mode``
     (or by ``collate_fn``). Each element is ``{"input_ids", "segment_ids",
-    "positions"[, "loss_mask"]}`` of shape ``[global_batch_size // process_count, L]``.
+    "positions"[, "loss_mask"]}`` of shape ``[global_batch_size // process_count, L]``;
+    packed rows that are each one unpadded sequence (:attr:`PackedRows.single_segment`)
+    give ``input_ids`` alone (plus ``loss_mask``) unless the iterator pads, and the model
+    treats missing segments as plain causal attention.
     Epoch ``e`` uses its own permutation (grain reseeds its index shuffle with
     ``seed + e``); ``num_epochs=None`` repeats forever. With ``drop_remainder=False``
     the last global batch of an epoch is filled with padding rows (``segment_ids ==
@@ -322,7 +330,7 @@ def make_batch_iterator(
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     if isinstance(rows, PackedRows):
-        gather: Any = _GatherRows(rows)
+        gather: Any = _GatherRows(rows)  # tokens-only decided below, once the padding is known
     else:
         source = as_source(rows)
         if max_length is None and collate_fn is None:
@@ -362,6 +370,8 @@ def make_batch_iterator(
     elif used > num_rows:  # pad the last global batch with empty rows
         padding = grain.MapDataset.source(range(num_rows, used))
         ds = grain.MapDataset.concatenate([ds, padding])
+    if isinstance(gather, _GatherRows) and used <= num_rows and rows.single_segment:
+        gather = _GatherRows(rows, tokens_only=True)  # every batch has the same keys
     ds = ds.batch(local_batch, drop_remainder=True)  # P consecutive chunks form one global batch
     ds = ds[process_index::process_count]
     ds = ds.repeat(num_epochs)

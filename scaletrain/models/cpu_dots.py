@@ -27,6 +27,8 @@ import jax
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from scaletrain.parallel.partition import active_platform
+
 Array = jax.Array
 
 #: ``checkpoint_name`` of a :func:`matmul` output on CPU, so that remat policies that save
@@ -97,7 +99,7 @@ def matmul(a: Array, b: Array, batch: int = 0, rhs_transposed: bool = False, pre
     ``batch`` leading dims are shared; any number of M dims. On the CPU backend the
     backward issues only YNNPACK-shaped dots (see the module docstring).
     """
-    if jax.default_backend() == "cpu":
+    if active_platform() == "cpu":
         out = _cpu_matmul(a, b, batch, rhs_transposed, precision)
         return checkpoint_name(out, BATCHED_MATMUL if batch else MATMUL)
     return _plain(a, b, batch, rhs_transposed, precision)
@@ -118,7 +120,7 @@ def contract_rows(x: Array, y: Array, precision: Any = None) -> Array:
     On CPU the smaller operand is transposed in memory first (see :func:`_contract_m`);
     elsewhere it is one ``dot_general``.
     """
-    if jax.default_backend() == "cpu":
+    if active_platform() == "cpu":
         return _contract_m(x, y, 0, precision)
     m = tuple(range(x.ndim - 1))
     return lax.dot_general(x, y, ((m, m), ((), ())), precision=precision)

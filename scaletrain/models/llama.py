@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec
 from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
-from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
+from scaletrain.parallel.partition import active_axis_size, active_platform, active_sharding_axes
 
 Array = jax.Array
 
@@ -186,7 +186,9 @@ class Attention(nnx.Module):
         self.mechanism = config.attn_mechanism
         self.sequence_axis = config.partition_axis.sequence_axis
 
-    def __call__(self, x: Array, mask: Array, rope: tuple[Array, Array]) -> Array:
+    def __call__(self, x: Array, mask: Array | None, rope: tuple[Array, Array]) -> Array:
+        """Self-attention over ``x``; ``mask`` [B, 1, T, S] from :func:`build_attention_mask`, or None
+        for plain causal attention (each row one unpadded sequence)."""
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -241,7 +243,7 @@ def causal_blocks(t: int, s: int) -> int:
     return max(n, 1)
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dtype: Any, precision: Any,
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, softmax_dtype: Any, precision: Any,
                           blocks: int = 1) -> Array:
     """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
 
@@ -255,6 +257,9 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dty
     query block ``i`` attends to keys ``[0, (i + 1) T / blocks)`` only. The skipped
     scores are masked to exactly zero probability anyway, so the result is the same
     up to summation order, for about ``(blocks + 1) / (2 blocks)`` of the work.
+
+    ``mask=None`` is causal self-attention (``S == T``), the mask made from positions
+    inside each block's fusion rather than read from memory.
     """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
@@ -271,13 +276,18 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, softmax_dty
         probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
         return matmul(probs, vb, batch=2, precision=precision)  # [b, kv, g, tq, d]
 
+    def block_mask(q0: int, q1: int, s: int) -> Array:
+        if mask is not None:
+            return mask[:, :, q0:q1, :s]
+        return (jnp.arange(q0, q1)[:, None] >= jnp.arange(s)[None, :])[None, None]
+
     if blocks <= 1:
-        out = attend(qh, kh, vh, mask)
+        out = attend(qh, kh, vh, block_mask(0, t, kh.shape[2]))
     else:
         size = t // blocks
         out = jnp.concatenate(
             [attend(qh[:, :, :, i * size:(i + 1) * size], kh[:, :, :(i + 1) * size], vh[:, :, :(i + 1) * size],
-                    mask[:, :, i * size:(i + 1) * size, :(i + 1) * size]) for i in range(blocks)],
+                    block_mask(i * size, (i + 1) * size, (i + 1) * size)) for i in range(blocks)],
             axis=3,
         )
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
@@ -297,20 +307,23 @@ def use_fused_attention(mechanism: str, dtype: Any, head_dim: int) -> bool:
     if mechanism not in ("auto", "sdpa"):
         return False
     return (
-        jax.default_backend() == "gpu"
+        active_platform() == "gpu"
         and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
         and head_dim % 8 == 0
         and head_dim <= 128
     )
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: Array, implementation: str | None = "cudnn") -> Array:
+def fused_attention(q: Array, k: Array, v: Array, mask: Array | None,
+                    implementation: str | None = "cudnn") -> Array:
     """``jax.nn.dot_product_attention`` on cuDNN (flash attention: no [T, S] scores kept).
 
     The boolean ``mask`` [B, 1, T, S] from :func:`build_attention_mask` carries the
     same-segment, padding and window constraints (cuDNN adds it as a bias), and
     ``is_causal`` lets cuDNN skip the blocks above the diagonal, so packed rows keep
     exactly the semantics of the einsum path. Softmax runs in float32 inside cuDNN.
+    ``mask=None`` (rows that are one unpadded sequence) is ``is_causal`` alone: cuDNN's
+    kernel without a bias, whose backward also has no bias gradient to write.
     """
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
 
@@ -338,7 +351,7 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
         self.mlp = MLP(config, dtype, param_dtype, precision, rngs)
 
-    def __call__(self, x: Array, mask: Array, rope: tuple[Array, Array]) -> Array:
+    def __call__(self, x: Array, mask: Array | None, rope: tuple[Array, Array]) -> Array:
         x = x + self.self_attn(self.input_layernorm(x), mask, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -444,13 +457,17 @@ class LlamaForCausalLM(nnx.Module):
         cfg = self.config
         pa = cfg.partition_axis
         act_spec = (pa.batch_axis, pa.sequence_axis, None)
+        window = effective_sliding_window(cfg)
+        causal_only = segment_ids is None and attention_mask is None and window is None
         if segment_ids is None:
             segment_ids = (
                 attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
             )
         if positions is None:
             positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
-        mask = build_attention_mask(segment_ids, positions, effective_sliding_window(cfg))
+        # one unpadded sequence per row: plain causal attention, with no [B, 1, T, S] mask to
+        # build, read, or (on cuDNN, where a mask becomes a bias) differentiate
+        mask = None if causal_only else build_attention_mask(segment_ids, positions, window)
         rope = rope_tables(positions, rope_inv_freq(cfg))
         x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
         x = _constrain(x, act_spec)

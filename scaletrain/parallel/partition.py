@@ -69,6 +69,21 @@ def active_axis_size(axes: AxisSpec) -> int:
     return math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes))
 
 
+def active_platform() -> str:
+    """``"cpu"``, ``"gpu"`` or ``"tpu"``: where the computation being traced will run.
+
+    The active mesh's devices decide (``jax.set_mesh``), JAX's default backend only
+    outside one. Code paths chosen per platform (CPU-shaped dots, the non-finite
+    guard's form, cuDNN attention) then follow the devices the step is compiled for,
+    which is not the default backend when a step is compiled ahead of time for a GPU
+    topology on a CPU host (``bench/gpu_aot.py``) or a CPU mesh is used on a GPU host.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else mesh.abstract_device
+    platform = device.platform if device is not None else jax.default_backend()
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def active_sharding_axes(axes: AxisSpec, size: int) -> tuple[str, ...]:
     """The axes of ``axes`` that shard a dimension of ``size`` on the active mesh.
 

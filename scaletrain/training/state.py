@@ -49,22 +49,39 @@ def create_train_state(
     """
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
-    param_shardings = jax.tree.map(lambda x: x.sharding, params)
     replicated = NamedSharding(mesh, PartitionSpec())
-    abstract_opt = jax.eval_shape(tx.init, params)
-    opt_shardings = optax.tree_map_params(
-        tx,
-        lambda _, sharding: sharding,
-        abstract_opt,
-        param_shardings,
-        transform_non_params=lambda _: replicated,
-        is_leaf=lambda x: isinstance(x, NamedSharding),
-    )
     with jax.set_mesh(mesh):
-        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+        opt_state = jax.jit(tx.init, out_shardings=optimizer_shardings(tx, params, mesh))(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
         rng = jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated)
     return TrainState(step=step, params=params, opt_state=opt_state, rng=rng, graphdef=graphdef)
+
+
+def optimizer_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
+    """The shardings of ``tx.init(params)``: each moment its parameter's, everything else replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        jax.eval_shape(tx.init, params),
+        jax.tree.map(lambda x: x.sharding, params),
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+
+
+def abstract_train_state(graphdef: Any, params: Any, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+    """The TrainState of ``params`` (``ShapeDtypeStruct`` leaves with shardings, see
+    :func:`scaletrain.models.factory.abstract_sharded_model`) as shapes only: what a
+    train step is lowered and compiled against without allocating anything."""
+    def sds(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_state = jax.tree.map(sds, jax.eval_shape(tx.init, params), optimizer_shardings(tx, params, mesh))
+    rng = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    return TrainState(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), params=params,
+                      opt_state=opt_state, rng=sds(rng, replicated), graphdef=graphdef)
 
 
 def state_shardings(state: TrainState) -> TrainState:

@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax import lax
 
+from scaletrain.parallel.partition import active_platform
 from scaletrain.training.fused_loss import fused_head_loss
 from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
 from scaletrain.training.state import TrainState
@@ -131,7 +132,7 @@ def train_step(
 
     if not guard_nonfinite:
         params, opt_state = update()
-    elif GUARD == "cond" or (GUARD == "auto" and jax.default_backend() == "cpu"):
+    elif GUARD == "cond" or (GUARD == "auto" and active_platform() == "cpu"):
         params, opt_state = lax.cond(finite, update, lambda: (state.params, state.opt_state))
     else:
         params, opt_state = jax.tree.map(

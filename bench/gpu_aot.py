@@ -1,0 +1,220 @@
+"""Compile scaletrain's train step for a GPU this host does not have: memory and kernels, ahead of time.
+
+``python bench/gpu_aot.py [--target h100] [--batch 8] [--seq 2048] [--remat none] [--attn auto]``
+
+XLA's GPU compiler runs without a GPU when it is given the device's description
+(``bench/gpu_targets/<target>.txtpb``) instead of asking a driver. This compiles the
+exact step the Trainer jits (``make_step_functions`` over the abstract train state of
+``bench/gpu.py``'s Llama-3.2-1B, bf16 compute, float32 master weights and AdamW) for
+one such device, once for each kind of batch the loader gives (``--batches``):
+
+- ``packed``: ``segment_ids`` and ``positions`` (packed documents, padding), so the
+  attention mask is a ``[B, 1, T, S]`` tensor (on cuDNN: a bias);
+- ``tokens``: ``input_ids`` alone, what the loader gives for rows that are each one
+  unpadded sequence (``PackedRows.single_segment``): plain causal attention.
+
+It reports XLA's memory analysis (temporaries, arguments, outputs, aliased/donated
+bytes, and their sum against the device's memory), which cuDNN attention kernels the
+step calls, the custom-call and conditional census, and compile time. Nothing runs, so
+no speed: time and MFU come from ``bench/gpu.py`` on a real device. Without autotuning
+(no device) XLA may pick other GEMM kernels than on the device; measured on an H100
+spec, forcing cuBLAS instead of Triton GEMMs moved the temporaries by 0.5 of 25 GB.
+
+It needs JAX's CUDA plugin, which scaletrain's environment does not have (it is ~6 GB
+of CUDA wheels): the first run creates ``bench/.venvs/gpu_aot`` (``pip install
+.[cuda12]``, see ``bench/envs.py``) and re-runs itself there with this checkout first
+on ``PYTHONPATH``. ``--tiny`` compiles a toy model instead (the tests do, on the CPU
+backend when the plugin is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+#: the environment JAX's CUDA plugin needs to load on a host without a driver
+AOT_ENV = {
+    "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",  # else the plugin's cuInit check fails and it is not registered
+    "CUDA_VISIBLE_DEVICES": "-1",
+    "XLA_FLAGS": "--xla_gpu_autotune_level=0",  # autotuning would need a device
+}
+#: compute capability of each target, for JAX's cuDNN attention checks (they ask the local GPU)
+CAPABILITY = {"h100": (9, 0)}
+
+
+def has_cuda_plugin() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
+def reexec_in_venv(argv: list[str]) -> int:
+    """Run this script again in the ``gpu_aot`` venv (created on first use)."""
+    from envs import ensure_venv
+
+    interp = ensure_venv("gpu_aot")
+    if interp.python is None:
+        print(f"[gpu_aot] {interp.reason}", file=sys.stderr)
+        return 1
+    env = {**os.environ, **AOT_ENV, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([interp.python, os.path.abspath(__file__), *argv], env=env).returncode
+
+
+def target_devices(target: str) -> tuple[list[Any], dict[str, Any]]:
+    """The devices of a one-GPU topology described by ``bench/gpu_targets/<target>.txtpb``."""
+    from jax.experimental import topologies
+
+    with open(os.path.join(HERE, "gpu_targets", f"{target}.txtpb")) as f:
+        spec = f.read()
+    topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology="1x1x1")
+    memory = int(re.search(r"device_memory_size:\s*(\d+)", spec).group(1))  # type: ignore[union-attr]
+    name = re.search(r'device_description_str:\s*"([^"]+)"', spec)
+    return list(topology.devices), {"device_memory_bytes": memory, "device": name.group(1) if name else target}
+
+
+def answer_cudnn_checks_for(capability: tuple[int, int]) -> None:
+    """JAX's cuDNN attention asks the local GPU for its compute capability; answer for the target."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    def parse(c: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in c.split("."))
+
+    fa.check_compute_capability = lambda c: capability >= parse(c)
+    fa.is_cuda_compute_capability_equal = lambda c: capability == parse(c)
+
+
+def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str, kind: str,
+                 dump: str | None = None) -> dict[str, Any]:
+    """Lower and compile the Trainer's train step for ``devices`` against shapes only
+    (the optimized HLO goes to ``dump/<kind>.hlo.txt`` if ``dump`` is given)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    import scaletrain as st
+    from scaletrain.models import LlamaForCausalLM
+    from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
+    from scaletrain.training.loss import resolve_chunk_size
+    from scaletrain.training.optim import make_optimizer, make_schedule
+    from scaletrain.training.state import abstract_train_state, state_shardings
+    from scaletrain.training.steps import make_step_functions
+
+    mesh = mesh_for_config(cfg, devices)
+    graphdef, params = abstract_sharded_model(LlamaForCausalLM, cfg, dtype=dtype, param_dtype="float32", mesh=mesh)
+    args = st.TrainingArguments(max_training_steps=1000, num_train_epochs=None, scheduler="constant", dtype=dtype,
+                                param_dtype="float32", total_batch_size=batch, max_length=seq)
+    tx = make_optimizer(args, make_schedule(args, 1000))
+    state = abstract_train_state(graphdef, params, tx, mesh)
+    bs = NamedSharding(mesh, PartitionSpec(*args.step_partition_spec))
+    chunk = resolve_chunk_size("auto", cfg.vocab_size, seq)
+    train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), 1, 0.0,
+                                   loss_chunk_size=chunk)
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=bs)
+    data = {"input_ids": ids} if kind == "tokens" else {"input_ids": ids, "segment_ids": ids, "positions": ids}
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        lowered = train.lower(state, data)
+        compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
+    hlo = compiled.as_text()
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        with open(os.path.join(dump, f"{kind}.hlo.txt"), "w") as f:
+            f.write(hlo)
+    ma = compiled.memory_analysis()
+    memory = {k: int(getattr(ma, k, 0) or 0) for k in ("temp_size_in_bytes", "argument_size_in_bytes",
+                                                         "output_size_in_bytes", "alias_size_in_bytes")}
+    calls: dict[str, int] = {}
+    for target in re.findall(r'custom_call_target="([^"]+)"', hlo):
+        calls[target] = calls.get(target, 0) + 1
+    return {
+        "batch_kind": kind,
+        "num_params": state.num_params,
+        "loss_chunk": chunk,
+        "compile_s": round(seconds, 1),
+        "memory": memory,
+        # donated inputs are aliased to outputs: counted once
+        "peak_bytes": memory["temp_size_in_bytes"] + memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"] - memory["alias_size_in_bytes"],
+        "custom_calls": dict(sorted(calls.items())),
+        "cudnn_attention": {k: v for k, v in calls.items() if k.startswith("__cudnn$fmha")},
+        "conditionals": len(re.findall(r"\sconditional\(", hlo)),
+        "host_transfers": len(re.findall(r"\s(?:send|recv|outfeed|infeed)\(", hlo)),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="h100", choices=sorted(CAPABILITY))
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; tiny: 2)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; tiny: 64)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--remat", default="none", help="gradient_checkpointing policy")
+    p.add_argument("--attn", default="auto", help="attn_mechanism: auto (cuDNN on GPU), cudnn, xla")
+    p.add_argument("--batches", default="packed,tokens", help="batch kinds to compile (packed, tokens)")
+    p.add_argument("--tiny", action="store_true", help="a toy model (tests the plumbing)")
+    p.add_argument("--cpu", action="store_true", help="compile for this host's CPU instead (tests, no plugin)")
+    p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-aot-<target>-<date>.json)")
+    p.add_argument("--dump", default=None, help="folder for the optimized HLO of each batch kind")
+    a = p.parse_args(argv)
+    if not a.cpu and not has_cuda_plugin():
+        sys.exit(reexec_in_venv(argv))
+    if not a.cpu:  # before JAX loads its plugins
+        for key, value in AOT_ENV.items():
+            os.environ.setdefault(key, value)
+
+    import jax
+
+    from gpu import LLAMA_1B, TINY
+    from scaletrain.models import LlamaConfig
+
+    if a.cpu:
+        devices, device = jax.devices()[:1], {"device_memory_bytes": None, "device": "this host's CPU"}
+    else:
+        devices, device = target_devices(a.target)
+        answer_cudnn_checks_for(CAPABILITY[a.target])
+    batch = a.batch or (2 if a.tiny else 8)
+    seq = a.seq or (64 if a.tiny else 2048)
+    cfg = LlamaConfig(**(TINY if a.tiny else LLAMA_1B), gradient_checkpointing=a.remat, attn_mechanism=a.attn)
+    runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
+    result = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "python bench/gpu_aot.py " + " ".join(argv),
+        "target": device,
+        "jax": jax.__version__,
+        "config": {"batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
+                   "attn_mechanism": a.attn, "tiny": a.tiny},
+        "runs": runs,
+    }
+    out = a.out or os.path.join(HERE, "results", f"gpu-aot-{'cpu' if a.cpu else a.target}-{dt.date.today()}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+    total = device["device_memory_bytes"]
+    for r in runs:
+        fits = f" of {total / 1e9:.1f} GB" if total else ""
+        print(f"{r['batch_kind']:>7}: {r['num_params'] / 1e9:.3f}B params, temp {r['memory']['temp_size_in_bytes'] / 1e9:.2f} GB, "
+              f"peak {r['peak_bytes'] / 1e9:.2f} GB{fits}, cuDNN attention {r['cudnn_attention'] or 'none'}, "
+              f"conditionals {r['conditionals']}, compiled in {r['compile_s']} s")
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
