@@ -53,6 +53,18 @@ AOT_ENV = {
 #: compute capability of each target, for JAX's cuDNN attention checks (they ask the local GPU)
 CAPABILITY = {"h100": (9, 0)}
 
+from gpu import LLAMA_1B, TINY  # noqa: E402  (constants only: no JAX import)
+
+#: Llama-3.1-8B's architecture (its config.json)
+LLAMA_8B: dict[str, Any] = dict(
+    LLAMA_1B, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    tie_word_embeddings=False,
+)
+MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B}
+
 
 def has_cuda_plugin() -> bool:
     import importlib.util
@@ -75,13 +87,13 @@ def reexec_in_venv(argv: list[str]) -> int:
     return subprocess.run([interp.python, os.path.abspath(__file__), *argv], env=env).returncode
 
 
-def target_devices(target: str) -> tuple[list[Any], dict[str, Any]]:
-    """The devices of a one-GPU topology described by ``bench/gpu_targets/<target>.txtpb``."""
+def target_devices(target: str, count: int = 1) -> tuple[list[Any], dict[str, Any]]:
+    """The devices of a one-host topology of ``count`` GPUs described by ``bench/gpu_targets/<target>.txtpb``."""
     from jax.experimental import topologies
 
     with open(os.path.join(HERE, "gpu_targets", f"{target}.txtpb")) as f:
         spec = f.read()
-    topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology="1x1x1")
+    topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology=f"1x1x{count}")
     memory = int(re.search(r"device_memory_size:\s*(\d+)", spec).group(1))  # type: ignore[union-attr]
     name = re.search(r'device_description_str:\s*"([^"]+)"', spec)
     return list(topology.devices), {"device_memory_bytes": memory, "device": name.group(1) if name else target}
@@ -155,6 +167,9 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
         "cudnn_attention": {k: v for k, v in calls.items() if k.startswith("__cudnn$fmha")},
         "conditionals": len(re.findall(r"\sconditional\(", hlo)),
         "host_transfers": len(re.findall(r"\s(?:send|recv|outfeed|infeed)\(", hlo)),
+        "collectives": {op: n for op in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                                         "collective-permute")
+                        if (n := len(re.findall(rf"\s{op}(?:-start)?\(", hlo)))},
     }
 
 
@@ -168,6 +183,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--remat", default="none", help="gradient_checkpointing policy")
     p.add_argument("--attn", default="auto", help="attn_mechanism: auto (cuDNN on GPU), cudnn, xla")
     p.add_argument("--batches", default="packed,tokens", help="batch kinds to compile (packed, tokens)")
+    p.add_argument("--devices", type=int, default=1, help="GPUs on the one host (the mesh spans them all)")
+    p.add_argument("--dims", default=None,
+                   help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
+    p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B)")
     p.add_argument("--tiny", action="store_true", help="a toy model (tests the plumbing)")
     p.add_argument("--cpu", action="store_true", help="compile for this host's CPU instead (tests, no plugin)")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-aot-<target>-<date>.json)")
@@ -181,25 +200,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     import jax
 
-    from gpu import LLAMA_1B, TINY
     from scaletrain.models import LlamaConfig
 
     if a.cpu:
         devices, device = jax.devices()[:1], {"device_memory_bytes": None, "device": "this host's CPU"}
     else:
-        devices, device = target_devices(a.target)
+        devices, device = target_devices(a.target, a.devices)
         answer_cudnn_checks_for(CAPABILITY[a.target])
     batch = a.batch or (2 if a.tiny else 8)
     seq = a.seq or (64 if a.tiny else 2048)
-    cfg = LlamaConfig(**(TINY if a.tiny else LLAMA_1B), gradient_checkpointing=a.remat, attn_mechanism=a.attn)
+    dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else (1, -1, 1, 1, 1)
+    cfg = LlamaConfig(**(TINY if a.tiny else MODELS[a.model]), gradient_checkpointing=a.remat, attn_mechanism=a.attn,
+                      sharding_axis_dims=dims)
     runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
     result = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "python bench/gpu_aot.py " + " ".join(argv),
         "target": device,
         "jax": jax.__version__,
-        "config": {"batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
-                   "attn_mechanism": a.attn, "tiny": a.tiny},
+        "config": {"model": "tiny" if a.tiny else a.model, "devices": len(devices), "sharding_axis_dims": dims,
+                   "batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
+                   "attn_mechanism": a.attn},
         "runs": runs,
     }
     out = a.out or os.path.join(HERE, "results", f"gpu-aot-{'cpu' if a.cpu else a.target}-{dt.date.today()}.json")
@@ -209,9 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     total = device["device_memory_bytes"]
     for r in runs:
         fits = f" of {total / 1e9:.1f} GB" if total else ""
-        print(f"{r['batch_kind']:>7}: {r['num_params'] / 1e9:.3f}B params, temp {r['memory']['temp_size_in_bytes'] / 1e9:.2f} GB, "
+        print(f"{r['batch_kind']:>7}: {r['num_params'] / 1e9:.3f}B params on {len(devices)} device(s), per device: temp {r['memory']['temp_size_in_bytes'] / 1e9:.2f} GB, "
               f"peak {r['peak_bytes'] / 1e9:.2f} GB{fits}, cuDNN attention {r['cudnn_attention'] or 'none'}, "
-              f"conditionals {r['conditionals']}, compiled in {r['compile_s']} s")
+              f"conditionals {r['conditionals']}, collectives {r['collectives'] or 'none'}, compiled in {r['compile_s']} s")
     print(f"wrote {out}")
     return result
 

@@ -137,6 +137,20 @@ def test_fused_attention_arguments_match_the_einsum_path(window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_cudnn_attention_only_over_whole_sequences():
+    """JAX's cuDNN attention refuses a sequence sharded over devices (seen compiling for 8 H100s,
+    bench/gpu_aot.py --dims 1,2,1,2,2): ``auto`` falls back to the einsum path, a forced
+    ``cudnn`` says which field to change."""
+    from scaletrain.models.llama import use_fused_attention
+
+    bf16 = jnp.dtype(jnp.bfloat16)
+    assert use_fused_attention("cudnn", bf16, 64)
+    assert not use_fused_attention("auto", bf16, 64, sequence_split=True)
+    assert not use_fused_attention("xla", bf16, 64)
+    with pytest.raises(ConfigError, match="model.attn_mechanism.*sp > 1"):
+        use_fused_attention("cudnn", bf16, 64, sequence_split=True)
+
+
 @pytest.mark.parametrize("blocks", [1, 3])
 def test_attention_without_a_mask_is_causal_attention(blocks):
     """``mask=None`` (rows that are one unpadded sequence) equals the causal mask of one

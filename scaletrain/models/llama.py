@@ -22,6 +22,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from scaletrain.errors import ConfigError
 from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
 from scaletrain.models.task import TaskType
@@ -195,11 +196,12 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, rope)
         k = apply_rope(k, rope)
-        if use_fused_attention(self.mechanism, q.dtype, self.head_dim):
+        sequence_split = active_axis_size(self.sequence_axis) > 1
+        if use_fused_attention(self.mechanism, q.dtype, self.head_dim, sequence_split):
             out = fused_attention(q, k, v, mask)
         else:
             # query blocks slice the sequence: not where it is split over devices (sp)
-            blocks = causal_blocks(t, t) if active_axis_size(self.sequence_axis) == 1 else 1
+            blocks = 1 if sequence_split else causal_blocks(t, t)
             out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
@@ -293,21 +295,30 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, soft
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
 
 
-def use_fused_attention(mechanism: str, dtype: Any, head_dim: int) -> bool:
+def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sequence_split: bool = False) -> bool:
     """Whether to call cuDNN's fused attention instead of the einsum + softmax path.
 
     ``attn_mechanism="cudnn"`` forces it; ``"auto"`` (and ``"sdpa"``) picks it where it
     exists and is exact for us: a GPU backend, bf16/fp16 compute, a head dim cuDNN
-    takes (a multiple of 8, at most 128). Anything else (CPU, float32, ``"xla"``,
-    ``"vanilla"``) keeps :func:`dot_product_attention`, whose float32 softmax the HF
-    parity tests check.
+    takes (a multiple of 8, at most 128), and whole sequences on each device — JAX's
+    cuDNN attention refuses a sequence sharded over devices (``sp > 1``; found by
+    compiling for 8 H100s ahead of time, ``bench/gpu_aot.py``), where the einsum path's
+    collectives are left to XLA. Anything else (CPU, float32, ``"xla"``, ``"vanilla"``)
+    keeps :func:`dot_product_attention`, whose float32 softmax the HF parity tests check.
     """
     if mechanism == "cudnn":
+        if sequence_split:
+            raise ConfigError(
+                "model.attn_mechanism: 'cudnn' cannot attend over a sequence split across devices "
+                "(mesh axis sp > 1): cuDNN's fused attention takes whole sequences; use 'auto' "
+                "(einsum attention under sp) or sp = 1"
+            )
         return True
     if mechanism not in ("auto", "sdpa"):
         return False
     return (
         active_platform() == "gpu"
+        and not sequence_split
         and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
         and head_dim % 8 == 0
         and head_dim <= 128
