@@ -137,18 +137,26 @@ def test_fused_attention_arguments_match_the_einsum_path(window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-def test_cudnn_attention_only_over_whole_sequences():
-    """JAX's cuDNN attention refuses a sequence sharded over devices (seen compiling for 8 H100s,
-    bench/gpu_aot.py --dims 1,2,1,2,2): ``auto`` falls back to the einsum path, a forced
-    ``cudnn`` says which field to change."""
+def test_cudnn_attention_only_where_its_partitioner_takes_the_shards(tiny_config_kwargs):
+    """JAX's cuDNN attention refuses a sequence sharded over devices and heads that do not
+    divide over tp (both seen compiling for 8 H100s, bench/gpu_aot.py --dims 1,2,1,2,2 and
+    1,2,1,4,1): ``auto`` falls back to the einsum path, a forced ``cudnn`` names the field."""
     from scaletrain.models.llama import use_fused_attention
+    from scaletrain.parallel.mesh import create_mesh
 
     bf16 = jnp.dtype(jnp.bfloat16)
     assert use_fused_attention("cudnn", bf16, 64)
-    assert not use_fused_attention("auto", bf16, 64, sequence_split=True)
+    assert not use_fused_attention("auto", bf16, 64, "a problem")
     assert not use_fused_attention("xla", bf16, 64)
-    with pytest.raises(ConfigError, match="model.attn_mechanism.*sp > 1"):
-        use_fused_attention("cudnn", bf16, 64, sequence_split=True)
+    with pytest.raises(ConfigError, match="model.attn_mechanism: 'cudnn' a problem"):
+        use_fused_attention("cudnn", bf16, 64, "a problem")
+
+    attn = _model(**tiny_config_kwargs).model.layers[0].self_attn  # 4 query heads, 2 key/value heads
+    assert attn._cudnn_sharding_problem(False) is None
+    assert "sp > 1" in attn._cudnn_sharding_problem(True)
+    for dims, ok in (((1, 4, 1, 2, 1), True), ((1, 2, 1, 4, 1), False)):
+        with jax.set_mesh(create_mesh(dims)):
+            assert (attn._cudnn_sharding_problem(False) is None) == ok, dims
 
 
 @pytest.mark.parametrize("blocks", [1, 3])

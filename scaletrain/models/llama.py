@@ -186,6 +186,7 @@ class Attention(nnx.Module):
         self.precision = precision
         self.mechanism = config.attn_mechanism
         self.sequence_axis = config.partition_axis.sequence_axis
+        self.head_axes = (config.partition_axis.head_axis, config.partition_axis.kv_head_axis)
 
     def __call__(self, x: Array, mask: Array | None, rope: tuple[Array, Array]) -> Array:
         """Self-attention over ``x``; ``mask`` [B, 1, T, S] from :func:`build_attention_mask`, or None
@@ -197,7 +198,7 @@ class Attention(nnx.Module):
         q = apply_rope(q, rope)
         k = apply_rope(k, rope)
         sequence_split = active_axis_size(self.sequence_axis) > 1
-        if use_fused_attention(self.mechanism, q.dtype, self.head_dim, sequence_split):
+        if use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
             out = fused_attention(q, k, v, mask)
         else:
             # query blocks slice the sequence: not where it is split over devices (sp)
@@ -205,6 +206,17 @@ class Attention(nnx.Module):
             out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+
+    def _cudnn_sharding_problem(self, sequence_split: bool) -> str | None:
+        """Why JAX's cuDNN attention cannot take this layer's inputs as the active mesh shards
+        them (its partitioner needs whole sequences and evenly split heads), or None."""
+        if sequence_split:
+            return "cannot attend over a sequence split across devices (mesh axis sp > 1)"
+        q_split, kv_split = (active_axis_size(a) for a in self.head_axes)
+        if self.num_heads % q_split or self.num_kv_heads % kv_split:
+            return (f"needs the {self.num_heads} query and {self.num_kv_heads} key/value heads to split evenly "
+                    f"over the {q_split} / {kv_split} devices of the head axes (tp)")
+        return None
 
     def call_with_cache(
         self, x: Array, mask: Array, rope: tuple[Array, Array], cache: KVCache, start: Array
@@ -295,30 +307,29 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, soft
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
 
 
-def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sequence_split: bool = False) -> bool:
+def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_problem: str | None = None) -> bool:
     """Whether to call cuDNN's fused attention instead of the einsum + softmax path.
 
     ``attn_mechanism="cudnn"`` forces it; ``"auto"`` (and ``"sdpa"``) picks it where it
     exists and is exact for us: a GPU backend, bf16/fp16 compute, a head dim cuDNN
-    takes (a multiple of 8, at most 128), and whole sequences on each device — JAX's
-    cuDNN attention refuses a sequence sharded over devices (``sp > 1``; found by
-    compiling for 8 H100s ahead of time, ``bench/gpu_aot.py``), where the einsum path's
-    collectives are left to XLA. Anything else (CPU, float32, ``"xla"``, ``"vanilla"``)
-    keeps :func:`dot_product_attention`, whose float32 softmax the HF parity tests check.
+    takes (a multiple of 8, at most 128), and inputs JAX's cuDNN partitioner accepts as
+    the mesh shards them — ``sharding_problem`` says why not (a sequence split over
+    devices, heads that do not divide over tp: both found by compiling for 8 H100s
+    ahead of time, ``bench/gpu_aot.py``); there the einsum path leaves the collectives
+    to XLA, and a forced ``cudnn`` is a ``ConfigError``. Anything else (CPU, float32,
+    ``"xla"``, ``"vanilla"``) keeps :func:`dot_product_attention`, whose float32 softmax
+    the HF parity tests check.
     """
     if mechanism == "cudnn":
-        if sequence_split:
-            raise ConfigError(
-                "model.attn_mechanism: 'cudnn' cannot attend over a sequence split across devices "
-                "(mesh axis sp > 1): cuDNN's fused attention takes whole sequences; use 'auto' "
-                "(einsum attention under sp) or sp = 1"
-            )
+        if sharding_problem:
+            raise ConfigError(f"model.attn_mechanism: 'cudnn' {sharding_problem}; use 'auto' (einsum attention "
+                              "there) or change mesh.axis_dims")
         return True
     if mechanism not in ("auto", "sdpa"):
         return False
     return (
         active_platform() == "gpu"
-        and not sequence_split
+        and sharding_problem is None
         and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
         and head_dim % 8 == 0
         and head_dim <= 128
