@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="h100", choices=sorted(CAPABILITY))
-    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; tiny: 2)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per step (default 8, tiny 2; at least one per device)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; tiny: 64)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--remat", default="none", help="gradient_checkpointing policy")
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B)")
     p.add_argument("--tiny", action="store_true", help="a toy model (tests the plumbing)")
     p.add_argument("--cpu", action="store_true", help="compile for this host's CPU instead (tests, no plugin)")
-    p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-aot-<target>-<date>.json)")
+    p.add_argument("--out", default=None,
+                   help="result JSON (default bench/results/gpu-aot-<target>[x<devices>]-<model>-<date>.json)")
     p.add_argument("--dump", default=None, help="folder for the optimized HLO of each batch kind")
     a = p.parse_args(argv)
     if not a.cpu and not has_cuda_plugin():
@@ -207,32 +209,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     else:
         devices, device = target_devices(a.target, a.devices)
         answer_cudnn_checks_for(CAPABILITY[a.target])
-    batch = a.batch or (2 if a.tiny else 8)
+    batch = a.batch or max(2 if a.tiny else 8, len(devices))
     seq = a.seq or (64 if a.tiny else 2048)
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else (1, -1, 1, 1, 1)
     cfg = LlamaConfig(**(TINY if a.tiny else MODELS[a.model]), gradient_checkpointing=a.remat, attn_mechanism=a.attn,
                       sharding_axis_dims=dims)
+    model = "tiny" if a.tiny else a.model
     runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
     result = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "python bench/gpu_aot.py " + " ".join(argv),
         "target": device,
         "jax": jax.__version__,
-        "config": {"model": "tiny" if a.tiny else a.model, "devices": len(devices), "sharding_axis_dims": dims,
+        "config": {"model": model, "devices": len(devices), "sharding_axis_dims": dims,
                    "batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
                    "attn_mechanism": a.attn},
         "runs": runs,
     }
-    out = a.out or os.path.join(HERE, "results", f"gpu-aot-{'cpu' if a.cpu else a.target}-{dt.date.today()}.json")
+    where = "cpu" if a.cpu else a.target + (f"x{len(devices)}" if len(devices) > 1 else "")
+    out = a.out or os.path.join(HERE, "results", f"gpu-aot-{where}-{model}-{dt.date.today()}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     total = device["device_memory_bytes"]
     for r in runs:
         fits = f" of {total / 1e9:.1f} GB" if total else ""
-        print(f"{r['batch_kind']:>7}: {r['num_params'] / 1e9:.3f}B params on {len(devices)} device(s), per device: temp {r['memory']['temp_size_in_bytes'] / 1e9:.2f} GB, "
-              f"peak {r['peak_bytes'] / 1e9:.2f} GB{fits}, cuDNN attention {r['cudnn_attention'] or 'none'}, "
-              f"conditionals {r['conditionals']}, collectives {r['collectives'] or 'none'}, compiled in {r['compile_s']} s")
+        temp = r["memory"]["temp_size_in_bytes"] / 1e9
+        print(f"{r['batch_kind']:>7}: {r['num_params'] / 1e9:.3f}B params on {len(devices)} device(s), per device: "
+              f"temp {temp:.2f} GB, peak {r['peak_bytes'] / 1e9:.2f} GB{fits}, "
+              f"cuDNN attention {r['cudnn_attention'] or 'none'}, "
+              f"conditionals {r['conditionals']}, collectives {r['collectives'] or 'none'}, "
+              f"compiled in {r['compile_s']} s")
     print(f"wrote {out}")
     return result
 
