@@ -25,9 +25,11 @@ REQUIREMENTS: dict[str, list[str]] = {
     # EasyDeL 0.3.0 imports Pillow and torch eagerly but does not declare them
     "easydel": [f"easydel=={EASYDEL_VERSION}", f"torch=={TORCH_VERSION}", "pillow"],
     "hf": ["transformers>=5.0,<6", "accelerate>=1.0", f"torch=={TORCH_VERSION}"],
-    # JAX's CUDA plugin (~6 GB of CUDA wheels) for compiling GPU steps on a CPU host (gpu_aot.py);
-    # scaletrain itself comes from the checkout on PYTHONPATH, its install only brings the deps
-    "gpu_aot": [f"{os.path.dirname(HERE)}[cuda12]"],
+    # JAX's CUDA plugin (~6 GB of CUDA wheels) or libtpu (~1.8 GB) for compiling GPU/TPU steps on a
+    # CPU host (aot.py); scaletrain itself comes from the checkout on PYTHONPATH, its install only
+    # brings the deps
+    "aot_cuda": [f"{os.path.dirname(HERE)}[cuda12]"],
+    "aot_tpu": [f"{os.path.dirname(HERE)}[tpu]"],
 }
 
 

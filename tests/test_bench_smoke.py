@@ -61,11 +61,11 @@ def test_host_memory_compares_hugepage_tunable_in_two_processes():
     assert "tuned / untuned" in lines[-1]
 
 
-def test_gpu_aot_compiles_both_batch_kinds_for_this_cpu(tmp_path):
+def test_aot_compiles_both_batch_kinds_for_this_cpu(tmp_path):
     """The ahead-of-time compile report runs (here for the CPU: CI has no CUDA plugin): packed
     batches and token-only batches both compile, and the CPU step keeps its guard conditional."""
     out = tmp_path / "aot.json"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu_aot.py"), "--tiny", "--cpu", "--dtype", "float32",
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "aot.py"), "--tiny", "--cpu", "--dtype", "float32",
            "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -139,7 +139,7 @@ def test_fused_attention_arguments_match_the_einsum_path(window):
 
 def test_cudnn_attention_only_where_its_partitioner_takes_the_shards(tiny_config_kwargs):
     """JAX's cuDNN attention refuses a sequence sharded over devices and heads that do not
-    divide over tp (both seen compiling for 8 H100s, bench/gpu_aot.py --dims 1,2,1,2,2 and
+    divide over tp (both seen compiling for 8 H100s, bench/aot.py --dims 1,2,1,2,2 and
     1,2,1,4,1): ``auto`` falls back to the einsum path, a forced ``cudnn`` names the field."""
     from scaletrain.models.llama import use_fused_attention
     from scaletrain.parallel.mesh import create_mesh

@@ -150,7 +150,7 @@ def test_chunked_loss_loop_moves_no_tensors(tiny_config_kwargs, dims):
 
 def test_active_platform_follows_the_mesh():
     """Per-platform code paths follow the devices of the mesh being traced for (a GPU topology
-    compiled on a CPU host traces the GPU graph: bench/gpu_aot.py), else the default backend."""
+    compiled on a CPU host traces the GPU graph: bench/aot.py), else the default backend."""
     from scaletrain.parallel.partition import active_platform
 
     assert active_platform() == jax.default_backend()

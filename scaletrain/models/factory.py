@@ -38,7 +38,7 @@ def abstract_sharded_model(
 
     Nothing is allocated or computed, so it serves any mesh, including one of devices
     this host does not have: a step compiled from it ahead of time reports the memory a
-    real run needs (``bench/gpu_aot.py``).
+    real run needs (``bench/aot.py``).
     """
     make = _maker(module_class, config, dtype, param_dtype, precision, seed=0)
     graphdef, abstract_state, shardings = _abstract(make, config, mesh)

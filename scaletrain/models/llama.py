@@ -315,7 +315,7 @@ def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_prob
     takes (a multiple of 8, at most 128), and inputs JAX's cuDNN partitioner accepts as
     the mesh shards them — ``sharding_problem`` says why not (a sequence split over
     devices, heads that do not divide over tp: both found by compiling for 8 H100s
-    ahead of time, ``bench/gpu_aot.py``); there the einsum path leaves the collectives
+    ahead of time, ``bench/aot.py``); there the einsum path leaves the collectives
     to XLA, and a forced ``cudnn`` is a ``ConfigError``. Anything else (CPU, float32,
     ``"xla"``, ``"vanilla"``) keeps :func:`dot_product_attention`, whose float32 softmax
     the HF parity tests check.

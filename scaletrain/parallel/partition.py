@@ -76,7 +76,7 @@ def active_platform() -> str:
     outside one. Code paths chosen per platform (CPU-shaped dots, the non-finite
     guard's form, cuDNN attention) then follow the devices the step is compiled for,
     which is not the default backend when a step is compiled ahead of time for a GPU
-    topology on a CPU host (``bench/gpu_aot.py``) or a CPU mesh is used on a GPU host.
+    topology on a CPU host (``bench/aot.py``) or a CPU mesh is used on a GPU host.
     """
     mesh = jax.sharding.get_abstract_mesh()
     device = None if mesh.empty else mesh.abstract_device

@@ -1,30 +1,35 @@
-"""Compile scaletrain's train step for a GPU this host does not have: memory and kernels, ahead of time.
+"""Compile scaletrain's train step for accelerators this host does not have: memory and kernels, ahead of time.
 
-``python bench/gpu_aot.py [--target h100] [--batch 8] [--seq 2048] [--remat none] [--attn auto]``
+``python bench/aot.py [--target h100 | v5e:2x4 | ...] [--batch 8] [--seq 2048] [--remat none] [--attn auto]``
 
 XLA's GPU compiler runs without a GPU when it is given the device's description
-(``bench/gpu_targets/<target>.txtpb``) instead of asking a driver. This compiles the
-exact step the Trainer jits (``make_step_functions`` over the abstract train state of
-``bench/gpu.py``'s Llama-3.2-1B, bf16 compute, float32 master weights and AdamW) for
-one such device, once for each kind of batch the loader gives (``--batches``):
+(``bench/aot_targets/<target>.txtpb``) instead of asking a driver, and libtpu compiles
+for a named TPU topology (``v5e:2x4``, ``v6e:2x4``, ``v5p:2x2x1``, ``v4:2x2x1``) without
+TPUs. This compiles the exact step the Trainer jits (``make_step_functions`` over the
+abstract train state of ``bench/gpu.py``'s Llama-3.2-1B, or Llama-3.1-8B, bf16 compute,
+float32 master weights and AdamW) for those devices, once for each kind of batch the
+loader gives (``--batches``):
 
 - ``packed``: ``segment_ids`` and ``positions`` (packed documents, padding), so the
   attention mask is a ``[B, 1, T, S]`` tensor (on cuDNN: a bias);
 - ``tokens``: ``input_ids`` alone, what the loader gives for rows that are each one
   unpadded sequence (``PackedRows.single_segment``): plain causal attention.
 
-It reports XLA's memory analysis (temporaries, arguments, outputs, aliased/donated
-bytes, and their sum against the device's memory), which cuDNN attention kernels the
-step calls, the custom-call and conditional census, and compile time. Nothing runs, so
-no speed: time and MFU come from ``bench/gpu.py`` on a real device. Without autotuning
-(no device) XLA may pick other GEMM kernels than on the device; measured on an H100
-spec, forcing cuBLAS instead of Triton GEMMs moved the temporaries by 0.5 of 25 GB.
+It reports XLA's per-device memory analysis (temporaries, arguments, outputs,
+aliased/donated bytes, and their sum against the device's memory; on TPU a step that
+does not fit fails to compile, reported as ``fits: false``), which cuDNN attention
+kernels the step calls, the custom-call, conditional and collective census, and compile
+time. Nothing runs, so no speed: time and MFU come from ``bench/gpu.py`` on a real
+device. Without autotuning (no device) XLA may pick other GPU GEMM kernels than on the
+device; measured on an H100 spec, forcing cuBLAS instead of Triton GEMMs moved the
+temporaries by 0.5 of 25 GB.
 
-It needs JAX's CUDA plugin, which scaletrain's environment does not have (it is ~6 GB
-of CUDA wheels): the first run creates ``bench/.venvs/gpu_aot`` (``pip install
-.[cuda12]``, see ``bench/envs.py``) and re-runs itself there with this checkout first
-on ``PYTHONPATH``. ``--tiny`` compiles a toy model instead (the tests do, on the CPU
-backend when the plugin is missing).
+The compilers come with JAX's CUDA plugin or libtpu, which scaletrain's environment does
+not have: the first run creates ``bench/.venvs/aot_cuda`` (``pip install .[cuda12]``,
+~6 GB of CUDA wheels) or ``bench/.venvs/aot_tpu`` (``.[tpu]``, ~1.8 GB), see
+``bench/envs.py``, and re-runs itself there with this checkout first on ``PYTHONPATH``.
+``--cpu`` compiles for this host's CPU instead and ``--tiny`` a toy model (the tests do
+both).
 """
 
 from __future__ import annotations
@@ -44,14 +49,24 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-#: the environment JAX's CUDA plugin needs to load on a host without a driver
+#: the environment each compiler needs on a host without the devices
 AOT_ENV = {
-    "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",  # else the plugin's cuInit check fails and it is not registered
-    "CUDA_VISIBLE_DEVICES": "-1",
-    "XLA_FLAGS": "--xla_gpu_autotune_level=0",  # autotuning would need a device
+    "cuda": {
+        "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",  # else the plugin's cuInit check fails and it is not registered
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "XLA_FLAGS": "--xla_gpu_autotune_level=0",  # autotuning would need a device
+    },
+    "tpu": {
+        "JAX_PLATFORMS": "cpu",  # no TPU backend to initialise: libtpu is used for the topology and compiler only
+        "TPU_SKIP_MDS_QUERY": "1",  # not on a Cloud TPU VM: no metadata server
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # libtpu otherwise locks /tmp/libtpu_lockfile per process
+    },
 }
-#: compute capability of each target, for JAX's cuDNN attention checks (they ask the local GPU)
+#: compute capability of each GPU target, for JAX's cuDNN attention checks (they ask the local GPU)
 CAPABILITY = {"h100": (9, 0)}
+#: HBM per TPU device by ``device_kind`` (v4 topologies list each chip's two cores as devices)
+TPU_MEMORY = {"TPU v5 lite": 16 * 2**30, "TPU v6 lite": 32 * 2**30, "TPU v5": 95 * 2**30, "TPU v4": 16 * 2**30}
+VENV = {"cuda": "aot_cuda", "tpu": "aot_tpu"}
 
 from gpu import LLAMA_1B, TINY  # noqa: E402  (constants only: no JAX import)
 
@@ -66,37 +81,53 @@ LLAMA_8B: dict[str, Any] = dict(
 MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B}
 
 
-def has_cuda_plugin() -> bool:
+def platform_of(target: str) -> str:
+    """``tpu`` for a TPU topology name (``v5e:2x4``), ``cuda`` for a GPU spec in aot_targets/."""
+    return "tpu" if ":" in target else "cuda"
+
+
+def has_compiler(platform: str) -> bool:
+    """Whether this Python has JAX's CUDA plugin or libtpu."""
     import importlib.util
 
+    name = "jax_plugins.xla_cuda12" if platform == "cuda" else "libtpu"
     try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+        return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # no jax_plugins package at all
         return False
 
 
-def reexec_in_venv(argv: list[str]) -> int:
-    """Run this script again in the ``gpu_aot`` venv (created on first use)."""
+def reexec_in_venv(platform: str, argv: list[str]) -> int:
+    """Run this script again in the venv with that platform's compiler (created on first use)."""
     from envs import ensure_venv
 
-    interp = ensure_venv("gpu_aot")
+    interp = ensure_venv(VENV[platform])
     if interp.python is None:
-        print(f"[gpu_aot] {interp.reason}", file=sys.stderr)
+        print(f"[aot] {interp.reason}", file=sys.stderr)
         return 1
-    env = {**os.environ, **AOT_ENV, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, **AOT_ENV[platform], "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([interp.python, os.path.abspath(__file__), *argv], env=env).returncode
 
 
-def target_devices(target: str, count: int = 1) -> tuple[list[Any], dict[str, Any]]:
-    """The devices of a one-host topology of ``count`` GPUs described by ``bench/gpu_targets/<target>.txtpb``."""
+def gpu_devices(target: str, count: int = 1) -> tuple[list[Any], dict[str, Any]]:
+    """The devices of a one-host topology of ``count`` GPUs described by ``bench/aot_targets/<target>.txtpb``."""
     from jax.experimental import topologies
 
-    with open(os.path.join(HERE, "gpu_targets", f"{target}.txtpb")) as f:
+    with open(os.path.join(HERE, "aot_targets", f"{target}.txtpb")) as f:
         spec = f.read()
     topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology=f"1x1x{count}")
     memory = int(re.search(r"device_memory_size:\s*(\d+)", spec).group(1))  # type: ignore[union-attr]
     name = re.search(r'device_description_str:\s*"([^"]+)"', spec)
     return list(topology.devices), {"device_memory_bytes": memory, "device": name.group(1) if name else target}
+
+
+def tpu_devices(target: str) -> tuple[list[Any], dict[str, Any]]:
+    """The devices of the TPU topology named ``target`` (``v5e:2x4``: 8 chips)."""
+    from jax.experimental import topologies
+
+    devices = list(topologies.get_topology_desc(topology_name=target, platform="tpu").devices)
+    kind = devices[0].device_kind
+    return devices, {"device_memory_bytes": TPU_MEMORY.get(kind), "device": f"{kind} ({target})"}
 
 
 def answer_cudnn_checks_for(capability: tuple[int, int]) -> None:
@@ -141,7 +172,13 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = train.lower(state, data)
-        compiled = lowered.compile()
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as exc:  # TPU: a step that does not fit fails to compile
+            if "RESOURCE_EXHAUSTED" not in str(exc):
+                raise
+            return {"batch_kind": kind, "num_params": state.num_params, "fits": False,
+                    "compile_s": round(time.perf_counter() - t0, 1), "error": str(exc).splitlines()[0][:400]}
     seconds = time.perf_counter() - t0
     hlo = compiled.as_text()
     if dump:
@@ -157,6 +194,7 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
     return {
         "batch_kind": kind,
         "num_params": state.num_params,
+        "fits": True,
         "loss_chunk": chunk,
         "compile_s": round(seconds, 1),
         "memory": memory,
@@ -176,7 +214,8 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="h100", choices=sorted(CAPABILITY))
+    p.add_argument("--target", default="h100",
+                   help="a GPU spec in bench/aot_targets (h100) or a TPU topology (v5e:2x4, v6e:2x4, v5p:2x2x1)")
     p.add_argument("--batch", type=int, default=None,
                    help="sequences per step (default 8, tiny 2; at least one per device)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; tiny: 64)")
@@ -184,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--remat", default="none", help="gradient_checkpointing policy")
     p.add_argument("--attn", default="auto", help="attn_mechanism: auto (cuDNN on GPU), cudnn, xla")
     p.add_argument("--batches", default="packed,tokens", help="batch kinds to compile (packed, tokens)")
-    p.add_argument("--devices", type=int, default=1, help="GPUs on the one host (the mesh spans them all)")
+    p.add_argument("--devices", type=int, default=1, help="GPUs on the one host (a TPU topology names its own)")
     p.add_argument("--dims", default=None,
                    help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
     p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B)")
@@ -194,10 +233,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                    help="result JSON (default bench/results/gpu-aot-<target>[x<devices>]-<model>-<date>.json)")
     p.add_argument("--dump", default=None, help="folder for the optimized HLO of each batch kind")
     a = p.parse_args(argv)
-    if not a.cpu and not has_cuda_plugin():
-        sys.exit(reexec_in_venv(argv))
+    platform = platform_of(a.target)
+    if not a.cpu and not has_compiler(platform):
+        sys.exit(reexec_in_venv(platform, argv))
     if not a.cpu:  # before JAX loads its plugins
-        for key, value in AOT_ENV.items():
+        for key, value in AOT_ENV[platform].items():
             os.environ.setdefault(key, value)
 
     import jax
@@ -206,8 +246,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     if a.cpu:
         devices, device = jax.devices()[:1], {"device_memory_bytes": None, "device": "this host's CPU"}
+    elif platform == "tpu":
+        devices, device = tpu_devices(a.target)
     else:
-        devices, device = target_devices(a.target, a.devices)
+        devices, device = gpu_devices(a.target, a.devices)
         answer_cudnn_checks_for(CAPABILITY[a.target])
     batch = a.batch or max(2 if a.tiny else 8, len(devices))
     seq = a.seq or (64 if a.tiny else 2048)
@@ -218,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
     result = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python bench/gpu_aot.py " + " ".join(argv),
+        "command": "python bench/aot.py " + " ".join(argv),
         "target": device,
         "jax": jax.__version__,
         "config": {"model": model, "devices": len(devices), "sharding_axis_dims": dims,
@@ -226,13 +268,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                    "attn_mechanism": a.attn},
         "runs": runs,
     }
-    where = "cpu" if a.cpu else a.target + (f"x{len(devices)}" if len(devices) > 1 else "")
-    out = a.out or os.path.join(HERE, "results", f"gpu-aot-{where}-{model}-{dt.date.today()}.json")
+    where = "cpu" if a.cpu else a.target.replace(":", "-") + (f"x{len(devices)}" if platform == "cuda"
+                                                               and len(devices) > 1 else "")
+    out = a.out or os.path.join(HERE, "results", f"aot-{where}-{model}-{dt.date.today()}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     total = device["device_memory_bytes"]
     for r in runs:
+        if not r["fits"]:
+            print(f"{r['batch_kind']:>7}: does not fit: {r['error']}")
+            continue
         fits = f" of {total / 1e9:.1f} GB" if total else ""
         temp = r["memory"]["temp_size_in_bytes"] / 1e9
         print(f"{r['batch_kind']:>7}: {r['num_params'] / 1e9:.3f}B params on {len(devices)} device(s), per device: "
