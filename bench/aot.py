@@ -62,8 +62,6 @@ AOT_ENV = {
         "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # libtpu otherwise locks /tmp/libtpu_lockfile per process
     },
 }
-#: compute capability of each GPU target, for JAX's cuDNN attention checks (they ask the local GPU)
-CAPABILITY = {"h100": (9, 0)}
 #: HBM per TPU device by ``device_kind`` (v4 topologies list each chip's two cores as devices)
 TPU_MEMORY = {"TPU v5 lite": 16 * 2**30, "TPU v6 lite": 32 * 2**30, "TPU v5": 95 * 2**30, "TPU v4": 16 * 2**30}
 VENV = {"cuda": "aot_cuda", "tpu": "aot_tpu"}
@@ -118,7 +116,10 @@ def gpu_devices(target: str, count: int = 1) -> tuple[list[Any], dict[str, Any]]
     topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology=f"1x1x{count}")
     memory = int(re.search(r"device_memory_size:\s*(\d+)", spec).group(1))  # type: ignore[union-attr]
     name = re.search(r'device_description_str:\s*"([^"]+)"', spec)
-    return list(topology.devices), {"device_memory_bytes": memory, "device": name.group(1) if name else target}
+    cc = re.search(r"cuda_compute_capability\s*\{\s*major:\s*(\d+)(?:\s*minor:\s*(\d+))?", spec)
+    capability = (int(cc.group(1)), int(cc.group(2) or 0)) if cc else (0, 0)
+    return list(topology.devices), {"device_memory_bytes": memory, "device": name.group(1) if name else target,
+                                    "compute_capability": capability}
 
 
 def tpu_devices(target: str) -> tuple[list[Any], dict[str, Any]]:
@@ -234,6 +235,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--dump", default=None, help="folder for the optimized HLO of each batch kind")
     a = p.parse_args(argv)
     platform = platform_of(a.target)
+    if not a.cpu and platform == "cuda" and not os.path.exists(os.path.join(HERE, "aot_targets", f"{a.target}.txtpb")):
+        specs = sorted(f[:-len(".txtpb")] for f in os.listdir(os.path.join(HERE, "aot_targets")))
+        p.error(f"--target {a.target!r}: no GPU spec bench/aot_targets/{a.target}.txtpb (have: {', '.join(specs)}); "
+                "a TPU topology looks like v5e:2x4")
     if not a.cpu and not has_compiler(platform):
         sys.exit(reexec_in_venv(platform, argv))
     if not a.cpu:  # before JAX loads its plugins
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         devices, device = tpu_devices(a.target)
     else:
         devices, device = gpu_devices(a.target, a.devices)
-        answer_cudnn_checks_for(CAPABILITY[a.target])
+        answer_cudnn_checks_for(device["compute_capability"])
     batch = a.batch or max(2 if a.tiny else 8, len(devices))
     seq = a.seq or (64 if a.tiny else 2048)
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else (1, -1, 1, 1, 1)
