@@ -53,20 +53,24 @@ class PartitionAxis(BaseModel):
         }
 
 
-def _axis_size(mesh: Mesh, axes: AxisSpec) -> int:
+def axis_names(axes: AxisSpec) -> tuple[str, ...]:
+    """A mesh-axis spec (``None``, one name, or several) as a tuple of names."""
     if axes is None:
-        return 1
-    names = (axes,) if isinstance(axes, str) else axes
-    return math.prod(mesh.shape[n] for n in names)
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _axis_size(mesh: Mesh, axes: AxisSpec) -> int:
+    return math.prod(mesh.shape[n] for n in axis_names(axes))
 
 
 def active_axis_size(axes: AxisSpec) -> int:
     """Devices along mesh axis (or axes) ``axes`` of the active mesh (``jax.set_mesh``); 1 outside one."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or axes is None:
+    if mesh.empty:
         return 1
     sizes = dict(mesh.shape_tuple)
-    return math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes))
+    return math.prod(sizes.get(a, 1) for a in axis_names(axes))
 
 
 def active_platform() -> str:
@@ -91,10 +95,10 @@ def active_sharding_axes(axes: AxisSpec, size: int) -> tuple[str, ...]:
     ``size``, or no mesh is active, none shard it (the dimension stays replicated).
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or axes is None:
+    if mesh.empty:
         return ()
     sizes = dict(mesh.shape_tuple)
-    names = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if sizes.get(a, 1) > 1)
+    names = tuple(a for a in axis_names(axes) if sizes.get(a, 1) > 1)
     return names if names and size % active_axis_size(names) == 0 else ()
 
 
@@ -109,9 +113,7 @@ def logical_to_spec(
     used: set[str] = set()
     spec: list[AxisSpec] = []
     for name, size in zip(logical_axes, shape, strict=True):
-        axes = rules.get(name) if name is not None else None
-        if isinstance(axes, str):
-            axes = (axes,)
+        axes = axis_names(rules.get(name) if name is not None else None)
         if axes:
             # drop mesh axes of size 1 and axes already used by an earlier dim
             axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
@@ -147,10 +149,7 @@ def batch_spec(partition_axis: PartitionAxis, mesh: Mesh, ndim: int = 2) -> Part
     rules = partition_axis.logical_rules()
 
     def present(axes: AxisSpec) -> AxisSpec:
-        if axes is None:
-            return None
-        names = (axes,) if isinstance(axes, str) else axes
-        names = tuple(a for a in names if a in mesh.shape and mesh.shape[a] > 1)
+        names = tuple(a for a in axis_names(axes) if a in mesh.shape and mesh.shape[a] > 1)
         return None if not names else (names[0] if len(names) == 1 else names)
 
     parts: list[AxisSpec] = [present(rules["batch"]), present(rules["sequence"])]

@@ -153,7 +153,8 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
 
     dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
     if any(axes):
-        dw0 = _on_shards(jnp.zeros((active_axis_size(axes[0]), active_axis_size(axes[1]), *dw0.shape), jnp.float32), axes, 1)
+        shards = (active_axis_size(axes[0]), active_axis_size(axes[1]))
+        dw0 = _on_shards(jnp.zeros((*shards, *dw0.shape), jnp.float32), axes, 1)
     (sums, dw), dhs = lax.scan(body, (_zeros(), dw0), (hs, ts, ms))
     if any(axes):
         dw = dw.sum((0, 1))  # the one reduction over the shards

@@ -25,7 +25,7 @@ from scaletrain.arguments import TrainingArguments
 from scaletrain.compile_cache import enable_compilation_cache
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.models.factory import mesh_for_config
-from scaletrain.parallel.partition import shardings_for_state
+from scaletrain.parallel.partition import axis_names, shardings_for_state
 from scaletrain.data.collate import as_source
 from scaletrain.data.packing import PackedRows
 from scaletrain.data.pipeline import make_batch_iterator, steps_per_epoch
@@ -299,16 +299,16 @@ class BaseTrainer(BaseTrainerProtocol):
         mesh = self._mesh
         spec = PartitionSpec(*args.step_partition_spec)
         for axes in args.step_partition_spec:
-            for a in (axes,) if isinstance(axes, str) else (axes or ()):
+            for a in axis_names(axes):
                 if a not in mesh.shape:
                     raise ConfigError(f"training.step_partition_spec names mesh axis {a!r}; the mesh has {list(mesh.shape)}")
-        batch_shards = math.prod(mesh.shape[a] for a in _axes(spec[0]))
+        batch_shards = math.prod(mesh.shape[a] for a in axis_names(spec[0]))
         if args.total_batch_size % batch_shards:
             raise ConfigError(
                 f"training.total_batch_size={args.total_batch_size} must be divisible by the batch mesh "
                 f"axes {spec[0]} (size {batch_shards})"
             )
-        if len(spec) > 1 and args.max_length % math.prod(mesh.shape[a] for a in _axes(spec[1])):
+        if len(spec) > 1 and args.max_length % math.prod(mesh.shape[a] for a in axis_names(spec[1])):
             raise ConfigError(f"training.max_length={args.max_length} must be divisible by the sequence axes {spec[1]}")
         self.batch_sharding = NamedSharding(mesh, spec)
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -442,12 +442,6 @@ class BaseTrainer(BaseTrainerProtocol):
 def as_source_or_rows(dataset: Any) -> Any:
     """Packed rows as they are, any other dataset as a random-access source."""
     return dataset if isinstance(dataset, PackedRows) else as_source(dataset)
-
-
-def _axes(axes: Any) -> tuple[str, ...]:
-    if axes is None:
-        return ()
-    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 class Trainer(BaseTrainer):
