@@ -148,26 +148,17 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
     (the optimized HLO goes to ``dump/<kind>.hlo.txt`` if ``dump`` is given)."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    import scaletrain as st
     from scaletrain.models import LlamaForCausalLM
     from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
-    from scaletrain.training.loss import resolve_chunk_size
-    from scaletrain.training.optim import make_optimizer, make_schedule
-    from scaletrain.training.state import abstract_train_state, state_shardings
-    from scaletrain.training.steps import make_step_functions
+    from scaletrain.training.state import abstract_train_state
+    from stepfn import benchmark_optimizer, jit_train_step, memory_of
 
     mesh = mesh_for_config(cfg, devices)
     graphdef, params = abstract_sharded_model(LlamaForCausalLM, cfg, dtype=dtype, param_dtype="float32", mesh=mesh)
-    args = st.TrainingArguments(max_training_steps=1000, num_train_epochs=None, scheduler="constant", dtype=dtype,
-                                param_dtype="float32", total_batch_size=batch, max_length=seq)
-    tx = make_optimizer(args, make_schedule(args, 1000))
+    args, tx = benchmark_optimizer(batch, seq, dtype, "float32")
     state = abstract_train_state(graphdef, params, tx, mesh)
-    bs = NamedSharding(mesh, PartitionSpec(*args.step_partition_spec))
-    chunk = resolve_chunk_size("auto", cfg.vocab_size, seq)
-    train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), 1, 0.0,
-                                   loss_chunk_size=chunk)
+    train, bs, chunk = jit_train_step(cfg, tx, state, mesh, args, seq)
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=bs)
     data = {"input_ids": ids} if kind == "tokens" else {"input_ids": ids, "segment_ids": ids, "positions": ids}
     t0 = time.perf_counter()
@@ -186,9 +177,7 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
         os.makedirs(dump, exist_ok=True)
         with open(os.path.join(dump, f"{kind}.hlo.txt"), "w") as f:
             f.write(hlo)
-    ma = compiled.memory_analysis()
-    memory = {k: int(getattr(ma, k, 0) or 0) for k in ("temp_size_in_bytes", "argument_size_in_bytes",
-                                                         "output_size_in_bytes", "alias_size_in_bytes")}
+    memory = memory_of(compiled)
     calls: dict[str, int] = {}
     for target in re.findall(r'custom_call_target="([^"]+)"', hlo):
         calls[target] = calls.get(target, 0) + 1
