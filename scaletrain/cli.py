@@ -7,12 +7,12 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
 from scaletrain import __version__
 from scaletrain.errors import ScaletrainError
+from scaletrain.logs import setup_logging
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,15 +46,6 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dir")
     pl.add_argument("--out", default=None)
     return p
-
-
-def _setup_logging() -> None:
-    # transformers advises at import that torch is missing; scaletrain never needs it
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    for noisy in ("jax._src.xla_bridge", "absl", "orbax", "jax._src.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -134,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         ns.overrides = [*ns.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    _setup_logging()
+    setup_logging()
     commands = {"train": cmd_train, "sweep": cmd_sweep, "generate": cmd_generate, "export": cmd_export, "plot": cmd_plot}
     try:
         return commands[ns.command](ns)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaletrain.errors import CheckpointError, ConfigError, ScaletrainError
+from scaletrain.logs import setup_logging
 
 logger = logging.getLogger("scaletrain")
 
@@ -160,9 +161,7 @@ def worker_loop(config: dict[str, Any]) -> None:
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    for noisy in ("jax._src.xla_bridge", "absl", "orbax", "jax._src.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(rank)
     started = time.time()
     if os.path.isdir(config.get("cwd") or ""):
         os.chdir(config["cwd"])  # Ray starts workers in its own folder: relative paths mean the driver's

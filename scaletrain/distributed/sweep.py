@@ -72,12 +72,12 @@ def is_finished(summary: dict[str, Any] | None) -> bool:
 
 def train_member(recipe: Recipe, cwd: str) -> dict[str, Any]:
     """Body of one member's Ray task (a fresh process)."""
-    from scaletrain.cli import _setup_logging
+    from scaletrain.logs import setup_logging
     from scaletrain.run import run_training
 
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    _setup_logging()
+    setup_logging()
     return run_training(recipe)
 
 
