@@ -33,8 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.errors import CheckpointError, ConfigError, ScaletrainError
+from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.logs import setup_logging
+from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
 
 logger = logging.getLogger("scaletrain")
 
@@ -225,13 +226,6 @@ def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None =
     return env
 
 
-def _existing_checkpoints(output_dir: str) -> list[int]:
-    folder = os.path.join(output_dir, "checkpoints")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(int(d) for d in os.listdir(folder) if d.isdigit())
-
-
 def import_ray() -> Any:
     """``ray``, or a ConfigError saying how to install it (it is an optional extra)."""
     try:
@@ -291,12 +285,9 @@ def launch_on_ray(
     if num_workers < 1:
         raise ConfigError(f"ray.num_workers must be >= 1, got {num_workers}")
     output_dir = os.path.abspath(output_dir)
-    done = _existing_checkpoints(output_dir)
-    if done and not resume_if_possible:
-        raise CheckpointError(
-            f"{output_dir}/checkpoints already holds checkpoints {done}; set training.resume_if_possible=true to "
-            "continue that run, or choose a new training.output_dir"
-        )
+    if not resume_if_possible:
+        folder = os.path.join(output_dir, CHECKPOINT_DIR)
+        refuse_start_over(folder, step_folders(folder))
     resources = dict(resources_per_worker or ({"GPU": 1} if use_gpu else {"CPU": 1}))
     if num_cpus is None and ray_address is None:
         num_cpus = max(1, int(num_workers * resources.get("CPU", 1)))

@@ -216,8 +216,41 @@ def resolve_checkpoint(path: str) -> tuple[str, int]:
             raise CheckpointError(f"checkpoint {path} is incomplete (no state was committed)")
         return directory, step
     for candidate in (os.path.join(path, CHECKPOINT_DIR), path):
-        if os.path.isdir(candidate):
-            steps = sorted(int(d) for d in os.listdir(candidate) if d.isdigit())
-            if steps:
-                return candidate, steps[-1]
+        steps = step_folders(candidate)
+        if steps:
+            return candidate, steps[-1]
     raise CheckpointError(f"no checkpoint found at {path}")
+
+
+def step_folders(directory: str) -> list[int]:
+    """Steps with a folder under a checkpoints directory (read without orbax; oldest first)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def refuse_start_over(directory: str, steps: list[int]) -> None:
+    """A run never starts fresh on top of checkpoints it did not write: name them and say what to do."""
+    if steps:
+        raise CheckpointError(
+            f"{directory} already holds checkpoints {steps}; set training.resume_if_possible=true to "
+            "continue that run, or choose a new training.output_dir"
+        )
+
+
+def resume_source(own: Checkpointer, resume_from: str | None,
+                  resume_if_possible: bool) -> tuple[Checkpointer, int] | None:
+    """Where a run continues from: ``resume_from``, else (if allowed) its own newest step, else nowhere.
+
+    The resume policy in one place. Starting fresh while ``own`` already holds
+    checkpoints is an error (:func:`refuse_start_over`).
+    """
+    if resume_from:
+        directory, step = resolve_checkpoint(resume_from)
+        source = own if os.path.abspath(directory) == own.directory else Checkpointer(directory)
+        return source, step
+    latest = own.latest_step()
+    if resume_if_possible and latest is not None:
+        return own, latest
+    refuse_start_over(own.directory, own.all_steps())
+    return None
