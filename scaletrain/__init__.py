@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Trainer": "scaletrain.training.trainer",
-    "BaseTrainer": "scaletrain.training.trainer",
+    "BaseTrainer": "scaletrain.training.base",
     "BaseTrainerProtocol": "scaletrain.training.protocol",
     "TrainerOutput": "scaletrain.training.protocol",
     "TrainState": "scaletrain.training.state",
@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     "MistralForCausalLM": "scaletrain.models.llama",
     "Qwen2ForCausalLM": "scaletrain.models.llama",
     "create_sharded_model": "scaletrain.models.factory",
-    "AutoModelForCausalLM": "scaletrain.models.hf",
+    "AutoModelForCausalLM": "scaletrain.models.registry",
     "load_hf_checkpoint": "scaletrain.models.hf",
     "save_hf_checkpoint": "scaletrain.models.hf",
     "generate": "scaletrain.generation",

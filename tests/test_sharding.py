@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.arguments import TrainingArguments
@@ -25,12 +26,21 @@ def _batch(rows=8, length=16, vocab=128, seed=0):
     return {"input_ids": ids, "segment_ids": seg, "positions": pos}
 
 
-def _setup(kw, dims, devices=None, grad_accum=1, loss_chunk_size=None):
+# Where only the sharding is under test, the step is plain SGD with learning rate 1 and no
+# clipping, so new parameters are ``p - g`` and the gradient can be read back from them
+# (``p0 - p1``, exact up to one float32 rounding of p1). Adam's first step would turn a
+# last-bit difference in a gradient element near ``epsilon`` into a change of up to
+# ``2 * lr`` in that parameter: a flaky comparison, not a sharding bug.
+PLAIN_SGD = {"optimizer": "sgd", "momentum": 0.0, "learning_rate": 1.0, "clip_grad": None, "scheduler": "constant"}
+
+
+def _setup(kw, dims, devices=None, grad_accum=1, loss_chunk_size=None, **optim):
     cfg = LlamaConfig(**kw, sharding_axis_dims=dims)
     mesh = create_mesh(dims, devices=devices)
     model, mesh = create_sharded_model(LlamaForCausalLM, cfg, mesh=mesh, seed=3)
+    optim = {"learning_rate": 1e-2, **optim}
     args = TrainingArguments(total_batch_size=8, gradient_accumulation_steps=grad_accum, max_length=16,
-                             max_training_steps=10, learning_rate=1e-2, warmup_steps=0)
+                             max_training_steps=10, warmup_steps=0, **optim)
     tx = make_optimizer(args, make_schedule(args, 10))
     state = create_train_state(model, tx, mesh)
     batch_sharding = NamedSharding(mesh, PartitionSpec(("dp", "fsdp"), "sp"))
@@ -40,8 +50,8 @@ def _setup(kw, dims, devices=None, grad_accum=1, loss_chunk_size=None):
     return train, state, batch_sharding, mesh
 
 
-def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_chunk_size=None):
-    train, state, batch_sharding, mesh = _setup(kw, dims, devices, grad_accum, loss_chunk_size)
+def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_chunk_size=None, **optim):
+    train, state, batch_sharding, mesh = _setup(kw, dims, devices, grad_accum, loss_chunk_size, **optim)
     batch = batch if batch is not None else _batch()
     with jax.set_mesh(mesh):
         for _ in range(steps):
@@ -49,16 +59,39 @@ def _one_step(kw, dims, devices=None, grad_accum=1, batch=None, steps=1, loss_ch
     return state, jax.device_get(metrics)
 
 
+def _initial_params(kw):
+    model, _ = create_sharded_model(LlamaForCausalLM, LlamaConfig(**kw, sharding_axis_dims=(1, 1, 1, 1, 1)),
+                                    mesh=create_mesh((1, 1, 1, 1, 1), devices=jax.devices()[:1]), seed=3)
+    return jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def assert_same_sgd_updates(p0, params, ref_params):
+    """The summed SGD updates ``p0 - p`` agree tensor by tensor.
+
+    Tolerance: float32 sums of the same terms in another order differ by about
+    ``n * 2**-24`` of the summed magnitudes (n <= 256 tokens here: ~1.5e-5); 1e-4 of the
+    tensor's largest update leaves a margin of several times that. Reading the update
+    back costs one float32 rounding of ``p``: 2**-24 * |p| per element, doubled for both
+    sides. A wrong sharding (a missing or doubled reduction) moves updates by O(1) of
+    their size.
+    """
+    def check(path, a0, a, b):
+        a0, a, b = (np.asarray(x, np.float64) for x in (a0, a, b))
+        upd, ref = a0 - a, a0 - b
+        tol = 1e-4 * np.abs(ref).max() + 2 * 2.0**-24 * np.maximum(np.abs(a), np.abs(b))
+        worst = np.max(np.abs(upd - ref) - tol)
+        assert worst <= 0, f"{jax.tree_util.keystr(path)}: updates differ by {np.abs(upd - ref).max():.3g}"
+
+    jax.tree_util.tree_map_with_path(check, p0, jax.device_get(params), jax.device_get(ref_params))
+
+
 @pytest.mark.parametrize("dims", [(1, 8, 1, 1, 1), (2, 2, 1, 2, 1), (1, 2, 1, 4, 1)])
 def test_step_matches_single_device(tiny_config_kwargs, dims):
-    ref_state, ref_metrics = _one_step(tiny_config_kwargs, (1, 1, 1, 1, 1), devices=jax.devices()[:1])
-    state, metrics = _one_step(tiny_config_kwargs, dims)
+    ref_state, ref_metrics = _one_step(tiny_config_kwargs, (1, 1, 1, 1, 1), devices=jax.devices()[:1], **PLAIN_SGD)
+    state, metrics = _one_step(tiny_config_kwargs, dims, **PLAIN_SGD)
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     np.testing.assert_allclose(metrics["grad_norm"], ref_metrics["grad_norm"], rtol=1e-4)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5),
-        jax.device_get(state.params), jax.device_get(ref_state.params),
-    )
+    assert_same_sgd_updates(_initial_params(tiny_config_kwargs), state.params, ref_state.params)
 
 
 def test_shardings_survive_a_step(tiny_config_kwargs):
@@ -76,14 +109,11 @@ def test_shardings_survive_a_step(tiny_config_kwargs):
 
 def test_gradient_accumulation_equals_big_batch(tiny_config_kwargs):
     dims = (1, 2, 1, 4, 1)
-    big, m1 = _one_step(tiny_config_kwargs, dims, grad_accum=1, steps=2)
-    acc, m4 = _one_step(tiny_config_kwargs, dims, grad_accum=4, steps=2)
+    big, m1 = _one_step(tiny_config_kwargs, dims, grad_accum=1, steps=2, **PLAIN_SGD)
+    acc, m4 = _one_step(tiny_config_kwargs, dims, grad_accum=4, steps=2, **PLAIN_SGD)
     np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
     np.testing.assert_allclose(m4["tokens"], m1["tokens"])
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5),
-        jax.device_get(acc.params), jax.device_get(big.params),
-    )
+    assert_same_sgd_updates(_initial_params(tiny_config_kwargs), acc.params, big.params)
 
 
 def test_mesh_dims_resolution():

@@ -9,7 +9,8 @@ from scaletrain.training.protocol import (
     TrainerOutput,
 )
 from scaletrain.training.state import TrainState, create_train_state, params_sha256
-from scaletrain.training.trainer import BaseTrainer, Trainer
+from scaletrain.training.base import BaseTrainer
+from scaletrain.training.trainer import Trainer
 
 __all__ = [
     "BaseTrainer",

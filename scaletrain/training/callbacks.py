@@ -3,23 +3,22 @@
 Events come in ``pre_``/``post_`` pairs for init, train, epoch, step, evaluate and
 checkpoint (ArcticTraining's events). Logging, progress, evaluation scheduling and
 stopping rules are callbacks themselves, so the loop in ``Trainer.train`` only
-steps and dispatches. A callback asks the loop to stop by calling
-``trainer.request_stop(reason)``; an exception raised in a callback propagates
-with its traceback (it never ends a run silently).
+steps and dispatches. A callback sees the trainer as a
+:class:`~scaletrain.training.protocol.TrainerView`: what it may read and do is
+listed there. It asks the loop to stop by calling ``trainer.request_stop(reason)``;
+an exception raised in a callback propagates with its traceback (it never ends a
+run silently).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from scaletrain.training.trainer import BaseTrainer
+from scaletrain.training.protocol import TrainerView
 
 logger = logging.getLogger("scaletrain")
 
@@ -39,18 +38,18 @@ class Callback:
     from the device only when read.
     """
 
-    def pre_init(self, trainer: BaseTrainer) -> None: ...
-    def post_init(self, trainer: BaseTrainer) -> None: ...
-    def pre_train(self, trainer: BaseTrainer, state: Any) -> None: ...
-    def post_train(self, trainer: BaseTrainer, state: Any) -> None: ...
-    def pre_epoch(self, trainer: BaseTrainer, epoch: int) -> None: ...
-    def post_epoch(self, trainer: BaseTrainer, epoch: int) -> None: ...
-    def pre_step(self, trainer: BaseTrainer, step: int) -> None: ...
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None: ...
-    def pre_evaluate(self, trainer: BaseTrainer, step: int) -> None: ...
-    def post_evaluate(self, trainer: BaseTrainer, step: int, results: dict[str, float]) -> None: ...
-    def pre_checkpoint(self, trainer: BaseTrainer, step: int) -> None: ...
-    def post_checkpoint(self, trainer: BaseTrainer, step: int, path: str) -> None: ...
+    def pre_init(self, trainer: TrainerView) -> None: ...
+    def post_init(self, trainer: TrainerView) -> None: ...
+    def pre_train(self, trainer: TrainerView, state: Any) -> None: ...
+    def post_train(self, trainer: TrainerView, state: Any) -> None: ...
+    def pre_epoch(self, trainer: TrainerView, epoch: int) -> None: ...
+    def post_epoch(self, trainer: TrainerView, epoch: int) -> None: ...
+    def pre_step(self, trainer: TrainerView, step: int) -> None: ...
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None: ...
+    def pre_evaluate(self, trainer: TrainerView, step: int) -> None: ...
+    def post_evaluate(self, trainer: TrainerView, step: int, results: dict[str, float]) -> None: ...
+    def pre_checkpoint(self, trainer: TrainerView, step: int) -> None: ...
+    def post_checkpoint(self, trainer: TrainerView, step: int, path: str) -> None: ...
 
 
 class StepOutput:
@@ -87,11 +86,11 @@ class MetricsLogger(Callback):
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
 
-    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def pre_train(self, trainer: TrainerView, state: Any) -> None:
         self._last_time = time.perf_counter()
         self._last_step = trainer.global_step
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         if step % trainer.arguments.log_steps and step != trainer.max_training_steps:
             return
         values = metrics.host()  # waits for this step: the only sync in the loop
@@ -127,7 +126,7 @@ class MetricsLogger(Callback):
                         trainer.max_training_steps, record["loss"], record["learning_rate"], record["grad_norm"],
                         record["tokens_per_s"], record["mfu"])
 
-    def post_evaluate(self, trainer: BaseTrainer, step: int, results: dict[str, float]) -> None:
+    def post_evaluate(self, trainer: TrainerView, step: int, results: dict[str, float]) -> None:
         self.last_eval = {"step": step, "split": "eval", **results}
         trainer.write_metrics(self.last_eval)
         if trainer.is_main_process:
@@ -157,7 +156,7 @@ def memory_stats() -> dict[str, float]:
 class PreviewGeneration(Callback):
     """Every ``generate_steps`` steps, continue ``generate_prompts`` and log the text."""
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         a = trainer.arguments
         if not a.generate_steps or step % a.generate_steps or trainer.tokenizer is None:
             return
@@ -179,7 +178,7 @@ class ProgressBar(Callback):
     def __init__(self) -> None:
         self.bar: Any = None
 
-    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def pre_train(self, trainer: TrainerView, state: Any) -> None:
         if not trainer.arguments.progress_bar or not trainer.is_main_process:
             return
         from tqdm.auto import tqdm
@@ -187,18 +186,18 @@ class ProgressBar(Callback):
         self.bar = tqdm(total=trainer.max_training_steps, initial=trainer.global_step, desc="train",
                         dynamic_ncols=True, leave=True)
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         if self.bar is None:
             return
         self.bar.update(step - self.bar.n)
-        logged = trainer.metrics_logger.last_train
+        logged = trainer.last_train_metrics
         if logged.get("step") == step:
             self.bar.set_postfix(
                 loss=f"{logged['loss']:.3f}", lr=f"{logged['learning_rate']:.2e}",
                 tok_s=f"{logged['tokens_per_s']:.0f}", refresh=False,
             )
 
-    def post_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def post_train(self, trainer: TrainerView, state: Any) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -207,7 +206,7 @@ class ProgressBar(Callback):
 class PeriodicEvaluation(Callback):
     """Evaluate every ``evaluation_steps`` steps (when ``do_eval`` and an eval set exist)."""
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         every = trainer.arguments.evaluation_steps
         if trainer.arguments.do_eval and trainer.dataset_eval is not None and every and step % every == 0:
             if step != trainer.max_training_steps:  # the final evaluation runs after the loop
@@ -215,9 +214,20 @@ class PeriodicEvaluation(Callback):
 
 
 class TrainingHorizon(Callback):
-    """Stop at ``max_training_steps`` (the resolved horizon of steps and epochs)."""
+    """Stop at ``max_training_steps`` (the resolved horizon of steps and epochs).
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    The only place the horizon stops a run: the loop runs until a stop is requested.
+    A run resumed at or past its horizon stops before its first step.
+    """
+
+    def pre_train(self, trainer: TrainerView, state: Any) -> None:
+        self._check(trainer, trainer.global_step)
+
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
+        self._check(trainer, step)
+
+    @staticmethod
+    def _check(trainer: TrainerView, step: int) -> None:
         if step >= trainer.max_training_steps:
             trainer.request_stop(f"reached the training horizon of {trainer.max_training_steps} steps")
 
@@ -225,10 +235,10 @@ class TrainingHorizon(Callback):
 class CheckpointSaver(Callback):
     """Save every ``save_steps`` steps and/or every ``save_interval_minutes``."""
 
-    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def pre_train(self, trainer: TrainerView, state: Any) -> None:
         self._last = time.monotonic()
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         a = trainer.arguments
         due = bool(a.save_steps) and step % a.save_steps == 0
         if a.save_interval_minutes and time.monotonic() - self._last >= 60 * a.save_interval_minutes:
@@ -237,16 +247,3 @@ class CheckpointSaver(Callback):
             trainer.save_checkpoint(trainer.current_state)
             self._last = time.monotonic()
 
-
-class JsonlWriter:
-    """Append-only JSON-lines file, flushed per line so a killed run keeps its log."""
-
-    def __init__(self, path: str):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self._f = open(path, "a", buffering=1)
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, sort_keys=True) + "\n")
-
-    def close(self) -> None:
-        self._f.close()

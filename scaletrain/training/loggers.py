@@ -1,15 +1,18 @@
-"""Where metric records go besides ``metrics.jsonl``: TensorBoard and (opt-in) wandb.
+"""Where metric records go: ``metrics.jsonl`` always, TensorBoard and (opt-in) wandb.
 
 A record is the flat dict the MetricsLogger builds (``step``, ``split`` and
 numbers); each writer turns it into its own format. Writers that need an account
-(wandb) are opt-in through ``report_to``; TensorBoard needs nothing.
+(wandb) are opt-in through ``report_to``; JSON lines and TensorBoard need nothing.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
 
 _SKIP = {"step", "split", "epoch"}
 
@@ -66,3 +69,46 @@ class WandbWriter:
 
     def close(self) -> None:
         self._run.finish()
+
+
+class JsonlWriter:
+    """Append-only JSON-lines file, flushed per line so a killed run keeps its log."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._f = open(path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class RunWriters:
+    """The writers ``report_to`` asks for, opened on the first record (so a run that logs nothing
+    creates no files) and closed together."""
+
+    def __init__(self, arguments: Any):
+        self._arguments = arguments
+        self._writers: list[Any] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self._writers:
+            self._open()
+        for w in self._writers:
+            w.write(record)
+
+    def _open(self) -> None:
+        a = self._arguments
+        out = a.ensure_output_dir()
+        self._writers.append(JsonlWriter(os.path.join(out, METRICS_FILE)))
+        if "tensorboard" in a.report_to:
+            self._writers.append(TensorBoardWriter(out))
+        if "wandb" in a.report_to:
+            self._writers.append(WandbWriter(out, a.wandb_project, a.model_dump(mode="json")))
+
+    def close(self) -> None:
+        for w in self._writers:
+            w.close()
+        self._writers = []

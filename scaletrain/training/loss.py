@@ -7,6 +7,7 @@ one big batch, whatever the padding in each micro-batch.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -20,6 +21,22 @@ class LossSums(NamedTuple):
     z_loss: Array  # sum of log(Z)^2 over target tokens
     correct: Array  # number of targets whose logit is the maximum (argmax up to ties)
     tokens: Array  # number of target tokens
+
+
+def eval_metrics(total: LossSums, bytes_per_token: float | None = None) -> dict[str, float]:
+    """Loss, accuracy and perplexity per target token of summed eval results (and bits per byte
+    when the eval text's bytes per token is known: a figure comparable across tokenizers)."""
+    n = max(float(total.tokens), 1.0)
+    loss = float(total.loss) / n
+    out = {
+        "eval_loss": loss,
+        "eval_accuracy": float(total.correct) / n,
+        "eval_perplexity": math.exp(min(loss, 50.0)),
+        "eval_tokens": float(total.tokens),
+    }
+    if bytes_per_token:
+        out["eval_bits_per_byte"] = loss / math.log(2) / bytes_per_token
+    return out
 
 
 def target_mask(input_ids: Array, segment_ids: Array | None, loss_mask: Array | None) -> Array:

@@ -1,8 +1,9 @@
-"""What a run leaves in its ``output_dir``, written and read through one set of names.
+"""What a run tells its user: the plan printed at start and ``summary.json`` at the end.
 
-``metrics.jsonl`` (and TensorBoard / wandb where asked for), the run plan printed at
-start, and ``summary.json`` at the end. The trainer writes them; the launcher, the
-sweep and the CLI read them back with :func:`read_summary`.
+The trainer gathers the facts; this module turns them into the printed plan and
+the summary record, and owns the summary's file name, its atomic write and its
+read-back (used by the launcher, the sweep and the CLI). Metric records go through
+:mod:`scaletrain.training.loggers`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import json
 import os
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from scaletrain.training.optim import resolved_learning_rate_end
+
 SUMMARY_FILE = "summary.json"
-METRICS_FILE = "metrics.jsonl"
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -37,3 +42,46 @@ def read_summary(output_dir: str) -> dict[str, Any] | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def format_plan(arguments: Any, *, model_config: Any, num_params: int, param_dtype: Any, dtype: Any, mesh: Any,
+                start_step: int, max_training_steps: int, steps_per_epoch: int, num_epochs: int | None) -> str:
+    """The resolved run plan: nothing that shapes the schedule stays hidden (printed at start)."""
+    a, cfg = arguments, model_config
+    tokens = max_training_steps * a.total_batch_size * a.max_length
+    lines = [
+        f"output_dir      {os.path.abspath(a.output_dir)}",
+        f"model           {cfg.model_type}: {num_params / 1e6:.2f}M parameters, "
+        f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}",
+        f"precision       params {jnp.dtype(param_dtype).name}, compute {jnp.dtype(dtype).name}, "
+        f"softmax/loss float32",
+        f"mesh            {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+        f"device(s), {jax.process_count()} process(es)",
+        f"steps           {start_step} -> {max_training_steps} "
+        f"({steps_per_epoch} per epoch, epochs={num_epochs}, max_training_steps={a.max_training_steps})",
+        f"batch           {a.total_batch_size} x {a.max_length} tokens "
+        f"({a.gradient_accumulation_steps} micro-batches), {tokens / 1e6:.2f}M tokens in all",
+        f"schedule        {a.optimizer}, {a.scheduler} lr {a.learning_rate:g} -> "
+        f"{resolved_learning_rate_end(a):g}, warmup {a.warmup_steps}, clip {a.clip_grad}, "
+        f"weight decay {a.weight_decay}",
+    ]
+    return "run plan\n  " + "\n  ".join(lines)
+
+
+def summary_record(arguments: Any, *, final_step: int, stop_reason: str | None, last_train: dict[str, Any],
+                   last_eval: dict[str, Any], steady: dict[str, float], **facts: Any) -> dict[str, Any]:
+    """``summary.json``'s content: final losses, steady throughput (else the last logged) and ``facts``."""
+    return {
+        "final_step": final_step,
+        "stop_reason": stop_reason,
+        "final_train_loss": last_train.get("loss"),
+        "final_eval_loss": last_eval.get("eval_loss"),
+        "final_eval_accuracy": last_eval.get("eval_accuracy"),
+        "final_eval_bits_per_byte": last_eval.get("eval_bits_per_byte"),
+        "tokens_per_s": steady.get("tokens_per_s", last_train.get("tokens_per_s")),
+        "tflops": steady.get("tflops", last_train.get("tflops")),
+        "mfu": steady.get("mfu", last_train.get("mfu")),
+        "train_tokens": final_step * arguments.total_batch_size * arguments.max_length,
+        "process_count": jax.process_count(),
+        **facts,
+    }

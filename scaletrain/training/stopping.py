@@ -1,4 +1,4 @@
-"""Stopping rules as callbacks (seeds 002 and 004), and the NaN guard.
+"""Stopping rules as callbacks (ArcticTraining's early exit and kill switch), and the NaN guard.
 
 Each rule asks the loop to stop with a reason; the trainer then saves a
 checkpoint and writes the reason to summary.json, so resuming continues exactly.
@@ -10,15 +10,13 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.training.callbacks import Callback, StepOutput
-
-if TYPE_CHECKING:  # pragma: no cover
-    from scaletrain.training.trainer import BaseTrainer
+from scaletrain.training.protocol import TrainerView
 
 logger = logging.getLogger("scaletrain")
 
@@ -34,7 +32,7 @@ class StoppingRules(Callback):
         self._previous: dict[int, Any] = {}
         self._signal: str | None = None
 
-    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def pre_train(self, trainer: TrainerView, state: Any) -> None:
         self._signal = None
         self._deadline = (
             None if trainer.arguments.time_limit_seconds is None
@@ -50,15 +48,15 @@ class StoppingRules(Callback):
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal = signal.Signals(signum).name
 
-    def post_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def post_train(self, trainer: TrainerView, state: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         self._check(trainer, step)
 
-    def _check(self, trainer: BaseTrainer, step: int) -> None:
+    def _check(self, trainer: TrainerView, step: int) -> None:
         import jax
 
         a = trainer.arguments
@@ -88,7 +86,7 @@ class StoppingRules(Callback):
         elif code == 3:
             trainer.request_stop(f"reached training_time_limit {a.training_time_limit} at step {step}")
 
-    def _local_code(self, trainer: BaseTrainer) -> int:
+    def _local_code(self, trainer: TrainerView) -> int:
         """What this process sees: 1 a signal, 2 the kill switch, 3 the time limit, 0 nothing."""
         a = trainer.arguments
         if self._signal is not None:
@@ -112,17 +110,17 @@ class NanGuard(Callback):
         self._pending: tuple[int, StepOutput] | None = None
         self.skipped: Any = 0.0
 
-    def pre_train(self, trainer: BaseTrainer, state: Any) -> None:
+    def pre_train(self, trainer: TrainerView, state: Any) -> None:
         self._pending = None
 
-    def post_step(self, trainer: BaseTrainer, step: int, metrics: StepOutput) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         if trainer.arguments.break_on_nan:
             self._check_pending(trainer)
             self._pending = (step, metrics)
         else:
             self.skipped = self.skipped + metrics.device("nonfinite")
 
-    def _check_pending(self, trainer: BaseTrainer) -> None:
+    def _check_pending(self, trainer: TrainerView) -> None:
         if self._pending is not None:
             step, metrics = self._pending
             self._pending = None
@@ -133,7 +131,7 @@ class NanGuard(Callback):
                     "updates instead)"
                 ))
 
-    def post_epoch(self, trainer: BaseTrainer, epoch: int) -> None:
+    def post_epoch(self, trainer: TrainerView, epoch: int) -> None:
         if trainer.arguments.break_on_nan:
             self._check_pending(trainer)
 
