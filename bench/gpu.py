@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import scaletrain as st
     from scaletrain.data.packing import PackedRows
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-    from scaletrain.models.llama import use_fused_attention
+    from scaletrain.models.attention import use_fused_attention
     from scaletrain.training.callbacks import memory_stats
     from scaletrain.training.metrics import peak_flops_per_device
 

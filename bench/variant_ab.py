@@ -1,10 +1,10 @@
 """Two variants of scaletrain's own train step, alternating in one process.
 
-``python bench/variant_ab.py "llama.MAX_CAUSAL_BLOCKS = 1" "llama.MAX_CAUSAL_BLOCKS = 2" [--rounds 8]``
+``python bench/variant_ab.py "attention.MAX_CAUSAL_BLOCKS = 1" "attention.MAX_CAUSAL_BLOCKS = 2" [--rounds 8]``
 
 Each argument is a Python statement run just before that variant's step is built and
 compiled (:func:`stepfn.scaletrain_step`, the exact step the Trainer compiles), with
-``llama`` (``scaletrain.models.llama``), ``loss`` and ``steps`` (``scaletrain.training``)
+``llama`` and ``attention`` (``scaletrain.models``), ``loss`` and ``steps`` (``scaletrain.training``)
 in scope; a statement that binds ``opts`` to a dict passes it to XLA as that variant's
 compiler options (``"opts = {'xla_cpu_enable_fast_math': True}"``), one that sets
 ``tokens_only = True`` feeds that variant batches of ``input_ids`` alone. Module constants read at trace time are how a model-level change is
@@ -29,13 +29,14 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     """Run ``statement``, then compile and warm up the train step it affects."""
     import jax
 
+    import scaletrain.models.attention as attention
     import scaletrain.models.llama as llama
     import scaletrain.training.loss as loss
     import scaletrain.training.steps as steps
     from common import BenchConfig
     from stepfn import scaletrain_step
 
-    scope: dict[str, Any] = {"llama": llama, "loss": loss, "steps": steps}
+    scope: dict[str, Any] = {"llama": llama, "attention": attention, "loss": loss, "steps": steps}
     exec(statement, scope)  # noqa: S102 - the benchmark's own input
     if tiny:
         from run import TINY

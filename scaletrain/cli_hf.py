@@ -71,9 +71,9 @@ def generate_main(
     import jax
 
     from scaletrain.generation import generate
-    from scaletrain.models.hf import load_hf_checkpoint
+    from scaletrain.models.registry import AutoModelForCausalLM
 
-    model = load_hf_checkpoint(
+    model = AutoModelForCausalLM.from_pretrained(
         model_dir,
         dtype=dtype,
         sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scaletrain.arguments import TrainingArguments, format_validation_error
+from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.mesh import AXIS_NAMES
 from scaletrain.parallel.partition import PartitionAxis
@@ -48,34 +49,6 @@ class ModelSection(BaseModel):
     @property
     def config_overrides(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
-
-
-class DataSection(BaseModel):
-    """Where the data comes from, what kind it is, and how it is split (see docs/data.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # where: bundled:NAME, a file, a glob, or a Hugging Face save_to_disk folder
-    source: str = "bundled:shakespeare"
-    format: Literal["auto", "text", "jsonl", "parquet", "csv", "hf_disk"] = "auto"
-    split: str = "train"  # the split of a DatasetDict folder
-    # what: plain text to pre-train on, or conversations for chat SFT
-    kind: Literal["pretrain", "chat"] = "pretrain"
-    text_column: str = "text"
-    messages_column: str = "messages"
-    per_line: bool = False  # text files: one document per non-blank line instead of per file
-    max_documents: int | None = Field(None, ge=1)
-    # evaluation: a held-out fraction of the source, or a separate source
-    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
-    eval_source: str | None = None
-    eval_split: str = "validation"  # the split of eval_source when it is a DatasetDict folder
-    # chat
-    assistant_only_loss: bool = True
-    allow_split: bool = False  # split conversations longer than max_length instead of truncating
-    chat_template: str | None = None  # Jinja text or a file; overrides the tokenizer's
-    # bad rows and speed
-    skip_bad_rows: bool = False
-    num_workers: int = Field(0, ge=0)  # tokenizer worker processes (0: in the main process)
 
 
 class TokenizerSection(BaseModel):

@@ -45,7 +45,7 @@ def test_gpu_benchmark_runs_tiny_on_cpu(tmp_path):
 
 def test_variant_ab_compares_two_module_switches():
     cmd = [sys.executable, os.path.join(ROOT, "bench", "variant_ab.py"), "--tiny", "--rounds", "1", "--steps", "1",
-           "llama.MAX_CAUSAL_BLOCKS = 1", "llama.MIN_CAUSAL_BLOCK = 8; llama.MAX_CAUSAL_BLOCKS = 4"]
+           "attention.MAX_CAUSAL_BLOCKS = 1", "attention.MIN_CAUSAL_BLOCK = 8; attention.MAX_CAUSAL_BLOCKS = 4"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     values = dict(line.split() for line in done.stdout.splitlines() if line.strip())

@@ -18,9 +18,10 @@ from scaletrain.data import (
     iter_texts,
     load_processor,
 )
-from scaletrain.data import pipeline as pipeline_module
+from scaletrain.data import splits as splits_module
+from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.recipe import DataSection, Recipe
+from scaletrain.recipe import Recipe
 
 TEXTS = [
     "ROMEO:\nBut, soft! what light through yonder window breaks?",
@@ -127,13 +128,13 @@ def test_large_input_streams_in_chunks(monkeypatch, tokenizer):
             yield f"document number {i} " * 3
 
     seen_at_call: list[int] = []
-    original = pipeline_module.TextEncoder.__call__
+    original = splits_module.TextEncoder.__call__
 
     def spy(self, texts):
         seen_at_call.append(pulled)
         return original(self, texts)
 
-    monkeypatch.setattr(pipeline_module.TextEncoder, "__call__", spy)
+    monkeypatch.setattr(splits_module.TextEncoder, "__call__", spy)
     splits = build_lm_splits(documents(), tokenizer, 64, eval_fraction=0.0, chunk_size=100)
     assert splits.stats["documents"] == 1000
     assert seen_at_call == [100 * (i + 1) for i in range(10)]  # chunk k is encoded after 100k pulls

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scaletrain.generation import generate, left_pad
-from scaletrain.models.hf import load_hf_checkpoint
+from scaletrain.models.registry import AutoModelForCausalLM
 from hf_testing import hf_model, our_logits, save_hf
 
 torch = pytest.importorskip("torch")
@@ -20,7 +20,7 @@ NEW = 16
 def tiny(tmp_path_factory):
     """(transformers model, our model) for a tiny Mistral whose window (6) is shorter than prompt + output."""
     ref = hf_model("mistral", seed=1, sliding_window=6)
-    model = load_hf_checkpoint(save_hf(ref, tmp_path_factory.mktemp("gen") / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(save_hf(ref, tmp_path_factory.mktemp("gen") / "hf"))
     return ref, model
 
 
@@ -75,7 +75,7 @@ def test_greedy_equals_transformers_generate(tiny) -> None:
 
 def test_sharded_model_generates_the_same(tiny, tmp_path) -> None:
     ref, model = tiny
-    sharded = load_hf_checkpoint(save_hf(ref, tmp_path / "hf"), sharding_axis_dims=(1, 2, 1, 4, 1))
+    sharded = AutoModelForCausalLM.from_pretrained(save_hf(ref, tmp_path / "hf"), sharding_axis_dims=(1, 2, 1, 4, 1))
     ids, mask = _prompts()
     with jax.set_mesh(jax.tree.leaves(sharded)[0].sharding.mesh):
         ours = generate(sharded, ids, attention_mask=mask, max_new_tokens=NEW)
@@ -143,7 +143,7 @@ def test_generate_main_with_tokenizer(tiny, tmp_path) -> None:
     folder = save_hf(ref, tmp_path / "hf")
     tok.save_pretrained(folder)
     text = generate_main(folder, "w5 w9 w17 w3", max_new_tokens=8, temperature=0.0)
-    model = load_hf_checkpoint(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
     expected = generate(model, [[5, 9, 17, 3]], max_new_tokens=8, eos_token_id=2)[0]
     assert text == tok.decode(expected.tolist(), skip_special_tokens=True)
 

@@ -11,8 +11,9 @@ import pytest
 
 import scaletrain
 from scaletrain.errors import CheckpointError, ConfigError
-from scaletrain.models.hf import load_hf_checkpoint, save_hf_checkpoint
-from scaletrain.models.llama import rope_inv_freq
+from scaletrain.models.attention import rope_inv_freq
+from scaletrain.models.hf import save_hf_checkpoint
+from scaletrain.models.registry import AutoModelForCausalLM
 from hf_testing import (
     convert_smollm2,
     hf_logits,
@@ -60,7 +61,7 @@ def _ids(batch: int = 2, length: int = 40, seed: int = 0) -> np.ndarray:
 def test_logits_match_transformers(case: str, tmp_path) -> None:
     family, overrides = CASES[case]
     ref_model = hf_model(family, **overrides)
-    model = load_hf_checkpoint(save_hf(ref_model, tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(save_hf(ref_model, tmp_path / "hf"))
     assert model.config.model_type == family
     ids = _ids()  # 40 tokens: longer than the sliding windows (8) and llama3's original context (32)
     diff = rel_diff(our_logits(model, ids), hf_logits(ref_model, ids))
@@ -70,7 +71,7 @@ def test_logits_match_transformers(case: str, tmp_path) -> None:
 
 def test_left_padded_batch_matches_transformers(tmp_path) -> None:
     ref_model = hf_model("mistral", sliding_window=8)
-    model = load_hf_checkpoint(save_hf(ref_model, tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(save_hf(ref_model, tmp_path / "hf"))
     ids = _ids(3, 24)
     mask = np.ones_like(ids)
     mask[0, :5] = 0
@@ -104,7 +105,7 @@ def test_rope_inv_freq_matches_transformers(rope: str) -> None:
 
 
 def load_config_only(hf_config) -> scaletrain.LlamaConfig:
-    from scaletrain.models.hf import config_from_hf
+    from scaletrain.models.hf_config import config_from_hf
 
     return config_from_hf(hf_config.to_dict())
 
@@ -114,7 +115,7 @@ def test_round_trip_hf_scaletrain_hf(case: str, tmp_path) -> None:
     """HF -> scaletrain -> save_pretrained -> transformers: the very same tensors and logits."""
     family, overrides = CASES[case]
     ref_model = hf_model(family, **overrides)
-    model = load_hf_checkpoint(save_hf(ref_model, tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(save_hf(ref_model, tmp_path / "hf"))
     out = model.save_pretrained(str(tmp_path / "export"))
     assert out == str(tmp_path / "export")
     back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
@@ -155,7 +156,7 @@ def test_sharded_checkpoint_loads_sharded_on_8_devices(tmp_path) -> None:
 def test_export_refuses_foreign_folder_and_replaces_own(tmp_path) -> None:
     ref_model = hf_model("llama")
     src = save_hf(ref_model, tmp_path / "hf")
-    model = load_hf_checkpoint(src)
+    model = AutoModelForCausalLM.from_pretrained(src)
     before = {f: os.path.getsize(os.path.join(src, f)) for f in os.listdir(src)}
     with pytest.raises(ConfigError, match="not a previous scaletrain export"):
         model.save_pretrained(src)
@@ -177,34 +178,34 @@ def _write_config(path, **config) -> str:
 def test_unsupported_model_type_names_it(tmp_path) -> None:
     src = _write_config(tmp_path / "m", model_type="gpt2", vocab_size=10)
     with pytest.raises(ConfigError, match="'gpt2'"):
-        load_hf_checkpoint(src)
+        AutoModelForCausalLM.from_pretrained(src)
 
 
 @pytest.mark.parametrize("rope_type", ["yarn", "dynamic"])
 def test_unsupported_rope_type_names_it(rope_type: str, tmp_path) -> None:
     src = _write_config(tmp_path / "m", model_type="llama", rope_scaling={"type": rope_type, "factor": 2.0})
     with pytest.raises(ConfigError, match=f"'{rope_type}'"):
-        load_hf_checkpoint(src)
+        AutoModelForCausalLM.from_pretrained(src)
 
 
 def test_unsupported_options_name_them(tmp_path) -> None:
     with pytest.raises(ConfigError, match="hidden_act 'gelu'"):
-        load_hf_checkpoint(_write_config(tmp_path / "a", model_type="llama", hidden_act="gelu"))
+        AutoModelForCausalLM.from_pretrained(_write_config(tmp_path / "a", model_type="llama", hidden_act="gelu"))
     with pytest.raises(ConfigError, match="per-layer attention types"):
-        load_hf_checkpoint(_write_config(
+        AutoModelForCausalLM.from_pretrained(_write_config(
             tmp_path / "b", model_type="qwen2", num_hidden_layers=4, use_sliding_window=True, max_window_layers=2
         ))
 
 
 def test_missing_files_name_the_path(tmp_path) -> None:
     with pytest.raises(ConfigError, match=str(tmp_path / "empty")):
-        load_hf_checkpoint(tmp_path / "empty")
+        AutoModelForCausalLM.from_pretrained(tmp_path / "empty")
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ConfigError, match="config.json"):
-        load_hf_checkpoint(tmp_path / "empty")
+        AutoModelForCausalLM.from_pretrained(tmp_path / "empty")
     src = _write_config(tmp_path / "noweights", model_type="llama", **{"num_hidden_layers": 1})
     with pytest.raises(ConfigError, match="model.safetensors"):
-        load_hf_checkpoint(src)
+        AutoModelForCausalLM.from_pretrained(src)
 
 
 def test_missing_tensor_is_a_checkpoint_error(tmp_path) -> None:
@@ -215,7 +216,7 @@ def test_missing_tensor_is_a_checkpoint_error(tmp_path) -> None:
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, os.path.join(src, "model.safetensors"))
     with pytest.raises(CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
-        load_hf_checkpoint(src)
+        AutoModelForCausalLM.from_pretrained(src)
 
 
 def test_model_class_from_pretrained_checks_type(tmp_path) -> None:

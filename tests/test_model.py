@@ -124,7 +124,7 @@ def test_bf16_compute_keeps_fp32_params(tiny_config_kwargs):
 def test_fused_attention_arguments_match_the_einsum_path(window):
     """The mask/causal/GQA arguments given to jax.nn.dot_product_attention (cuDNN on GPU)
     mean exactly what our einsum attention computes; checked here with its XLA implementation."""
-    from scaletrain.models.llama import build_attention_mask, dot_product_attention, fused_attention
+    from scaletrain.models.attention import build_attention_mask, dot_product_attention, fused_attention
 
     rng = np.random.default_rng(0)
     b, t, nq, nkv, d = 2, 9, 4, 2, 8
@@ -141,7 +141,7 @@ def test_cudnn_attention_only_where_its_partitioner_takes_the_shards(tiny_config
     """JAX's cuDNN attention refuses a sequence sharded over devices and heads that do not
     divide over tp (both seen compiling for 8 H100s, bench/aot.py --dims 1,2,1,2,2 and
     1,2,1,4,1): ``auto`` falls back to the einsum path, a forced ``cudnn`` names the field."""
-    from scaletrain.models.llama import use_fused_attention
+    from scaletrain.models.attention import use_fused_attention
     from scaletrain.parallel.mesh import create_mesh
 
     bf16 = jnp.dtype(jnp.bfloat16)
@@ -164,7 +164,7 @@ def test_attention_without_a_mask_is_causal_attention(blocks):
     """``mask=None`` (rows that are one unpadded sequence) equals the causal mask of one
     segment, in the einsum path (whole and in query blocks) and in the arguments given to
     cuDNN, checked through JAX's XLA implementation."""
-    from scaletrain.models.llama import build_attention_mask, dot_product_attention, fused_attention
+    from scaletrain.models.attention import build_attention_mask, dot_product_attention, fused_attention
 
     rng = np.random.default_rng(2)
     b, t, nq, nkv, d = 2, 12, 4, 2, 8
@@ -200,7 +200,7 @@ def test_model_without_segments_equals_one_segment(tiny_config_kwargs):
 def test_causal_query_blocks_equal_full_attention(blocks, window):
     """Skipping the score blocks above the diagonal changes nothing but the work done,
     for packed rows, padding and sliding windows, in values and gradients."""
-    from scaletrain.models.llama import build_attention_mask, dot_product_attention
+    from scaletrain.models.attention import build_attention_mask, dot_product_attention
 
     rng = np.random.default_rng(1)
     b, t, nq, nkv, d = 2, 12, 4, 2, 8
@@ -223,7 +223,7 @@ def test_causal_query_blocks_equal_full_attention(blocks, window):
 def test_model_uses_causal_blocks_without_changing_results(tiny_config_kwargs, monkeypatch):
     """The whole model with the blocked attention (forced on for a short sequence) agrees
     with full attention in logits and parameter gradients."""
-    import scaletrain.models.llama as llama
+    import scaletrain.models.attention as attention
 
     model = _model(**tiny_config_kwargs)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 16)), jnp.int32)
@@ -231,19 +231,19 @@ def test_model_uses_causal_blocks_without_changing_results(tiny_config_kwargs, m
     def loss(m):
         return jnp.mean(m(ids) ** 2)
 
-    monkeypatch.setattr(llama, "MAX_CAUSAL_BLOCKS", 1)
+    monkeypatch.setattr(attention, "MAX_CAUSAL_BLOCKS", 1)
     want = nnx.grad(loss)(model)
-    assert llama.causal_blocks(16, 16) == 1
-    monkeypatch.setattr(llama, "MAX_CAUSAL_BLOCKS", 4)
-    monkeypatch.setattr(llama, "MIN_CAUSAL_BLOCK", 4)
-    assert llama.causal_blocks(16, 16) == 4
+    assert attention.causal_blocks(16, 16) == 1
+    monkeypatch.setattr(attention, "MAX_CAUSAL_BLOCKS", 4)
+    monkeypatch.setattr(attention, "MIN_CAUSAL_BLOCK", 4)
+    assert attention.causal_blocks(16, 16) == 4
     got = nnx.grad(loss)(model)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
 
 
 def test_causal_blocks_only_for_self_attention_that_divides():
-    from scaletrain.models.llama import causal_blocks
+    from scaletrain.models.attention import causal_blocks
 
     assert causal_blocks(256, 256) == 2
     assert causal_blocks(2048, 2048) == 4

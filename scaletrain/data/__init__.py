@@ -1,4 +1,4 @@
-"""Data: sources, tokenizers, chat SFT encoding, packing, and the grain batch pipeline.
+"""Data: sources, tokenizers, chat SFT encoding, packing and splits (offline), the grain loader (online).
 
 Importing this package is cheap: grain, jax, pyarrow, datasets and transformers are
 imported inside the functions that need them.
@@ -13,12 +13,13 @@ from scaletrain.data.corpus import (
     load_bundled_corpus,
     read_text_files,
 )
+from scaletrain.data.loader import as_source_or_rows, make_batch_iterator, steps_per_epoch
 from scaletrain.data.packing import PackedRows, first_fit, pack_documents, pack_pieces, split_into_pieces
-from scaletrain.data.pipeline import LMSplits, build_lm_splits, make_batch_iterator, steps_per_epoch
 from scaletrain.data.prepared import prepare_tokenizer, resolve_tokenizer_path
 from scaletrain.data.processing import extract_column_names, process_messages_data, process_sample_data
 from scaletrain.data.records import ROLES, BadRows, check_messages, iter_conversations, iter_texts
 from scaletrain.data.sources import SourceRow, iter_source
+from scaletrain.data.splits import LMSplits, build_lm_splits
 from scaletrain.data.tokenizer import load_processor
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "PackedRows",
     "ROLES",
     "SourceRow",
+    "as_source_or_rows",
     "build_chat_splits",
     "build_datasets",
     "build_lm_splits",

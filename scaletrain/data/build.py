@@ -2,7 +2,7 @@
 
 Why a separate step: ``scaletrain.run`` should only wire sections together. This
 function reads the source (streamed), applies the bad-row policy, tokenizes and
-packs, and returns :class:`~scaletrain.data.pipeline.LMSplits` whose ``train`` and
+packs, and returns :class:`~scaletrain.data.splits.LMSplits` whose ``train`` and
 ``eval`` are :class:`~scaletrain.data.packing.PackedRows` (with a ``loss_mask`` for
 chat). Every process of a multi-host run builds the same rows (deterministic) and
 the batch iterator gives each its share.
@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from scaletrain.data.pipeline import LMSplits
 from scaletrain.data.records import BadRows, iter_conversations, iter_texts
 from scaletrain.data.sources import iter_source, source_format
+from scaletrain.data.splits import LMSplits
 from scaletrain.errors import DataError
 
 if TYPE_CHECKING:
-    from scaletrain.recipe import DataSection
+    from scaletrain.data.config import DataSection
 
 
 def load_chat_template(value: str) -> str:
@@ -63,7 +63,7 @@ def build_datasets(
     eval_rows = rows(data.eval_source, data.eval_split) if data.eval_source else None
     name = f"data.source {data.source!r}"
     if data.kind == "pretrain":
-        from scaletrain.data.pipeline import build_lm_splits
+        from scaletrain.data.splits import build_lm_splits
 
         splits = build_lm_splits(
             iter_texts(rows(data.source, data.split), bad, data.max_documents),

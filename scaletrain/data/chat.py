@@ -30,8 +30,9 @@ from typing import Any, Literal
 import numpy as np
 
 from scaletrain.data.packing import pack_pieces
-from scaletrain.data.pipeline import LMSplits
 from scaletrain.data.records import Messages, check_messages
+from scaletrain.data.splits import LMSplits, held_out_mask, split_by_mask
+from scaletrain.data.tokenizer import pad_id_of
 from scaletrain.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -329,21 +330,13 @@ def build_chat_splits(
         train_groups = groups
     else:
         eval_counts = ChatCounts()
-        n = len(groups)
-        n_eval = 0
-        if eval_fraction > 0:
-            if n < 2:
-                raise DataError(f"{name} has a single usable conversation: too few to hold out an eval "
-                                "split; add data or set eval_fraction=0")
-            n_eval = min(n - 1, max(1, round(eval_fraction * n)))
-        is_eval = np.zeros(n, dtype=bool)
-        is_eval[np.random.default_rng(seed).choice(n, size=n_eval, replace=False)] = True
-        train_groups = [g for g, e in zip(groups, is_eval) if not e]
-        eval_groups = [g for g, e in zip(groups, is_eval) if e]
+        is_eval = held_out_mask(len(groups), eval_fraction, seed, lambda: (
+            f"{name} has a single usable conversation: too few to hold out an eval "
+            "split; add data or set eval_fraction=0"
+        ))
+        train_groups, eval_groups = split_by_mask(groups, is_eval)
 
-    eos_id = getattr(tokenizer, "eos_token_id", None)
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    pad_id = int(pad_id if pad_id is not None else (eos_id if eos_id is not None else 0))
+    pad_id = pad_id_of(tokenizer)
 
     def pack(group_list: list[list[tuple[np.ndarray, np.ndarray]]]) -> Any:
         samples = [s for g in group_list for s in g]

@@ -8,7 +8,7 @@ dict of token arrays (a list of dicts, a Hugging Face ``datasets.Dataset``, a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -16,6 +16,14 @@ from scaletrain.errors import DataError
 
 Example = dict[str, Any]
 TOKEN_KEYS = ("input_ids", "segment_ids", "positions", "loss_mask", "attention_mask")
+
+
+class RandomAccess(Protocol):
+    """What the loader needs of a dataset of examples: its length and the example at an index."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Example: ...
 
 
 class ColumnSource:
@@ -35,8 +43,13 @@ class ColumnSource:
         return {k: v[index] for k, v in self.columns.items()}
 
 
-def as_source(dataset: Any) -> Any:
-    """A random-access source of example dicts for ``dataset``."""
+def as_source(dataset: Any) -> RandomAccess:
+    """A random-access source of example dicts for ``dataset``.
+
+    Idempotent and cheap on a source: a :class:`ColumnSource` or any other object with
+    ``len`` and ``[i]`` comes back as it is, so callers may convert once and pass the
+    result on to functions that convert again.
+    """
     if dataset is None:
         raise DataError("no dataset given")
     if isinstance(dataset, dict):

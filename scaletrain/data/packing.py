@@ -85,7 +85,7 @@ class PackedRows:
         """Every row is one unpadded sequence: segment 1 throughout, positions ``0..L-1``.
 
         Then attention is plain causal attention and the loss masks only the last
-        position, so :func:`scaletrain.data.pipeline.make_batch_iterator` leaves
+        position, so :func:`scaletrain.data.loader.make_batch_iterator` leaves
         ``segment_ids`` and ``positions`` out of the batches and the model builds no
         ``[B, 1, T, S]`` mask (on cuDNN a mask becomes a bias with its own gradient).
         One vectorised pass over the rows, the first time it is asked.

@@ -58,3 +58,16 @@ def plain_backend(tokenizer: Any) -> Any:
         backend.no_truncation()
         backend.no_padding()
     return backend
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The id that fills padding slots of packed rows: the tokenizer's pad, else its eos, else 0.
+
+    One rule for pre-training and chat rows alike. The value never reaches the loss
+    (padding has segment id 0); it only has to be a valid token id, and matching the
+    tokenizer's own pad keeps exported batches readable.
+    """
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = getattr(tokenizer, "eos_token_id", None)
+    return int(pad_id if pad_id is not None else 0)

@@ -29,6 +29,11 @@ DTYPES: dict[str, Any] = {
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention")
 
+# Config fields that change how a model runs (remat, attention kernel and its dtypes), not
+# its architecture or weights: the only ones a user may set on top of a pretrained model or
+# a loaded checkpoint. The mesh fields (sharding_*, partition_axis) are placement, set apart.
+RUNTIME_KEYS = ("gradient_checkpointing", "attn_mechanism", "attn_dtype", "attn_softmax_dtype")
+
 
 def dtype_name(value: Any) -> str:
     """Canonical string for a dtype given as a string, numpy or jax dtype."""

@@ -7,13 +7,13 @@ keeps float32 master weights. Every parameter carries ``logical_axes`` metadata 
 :mod:`scaletrain.parallel.partition` maps onto the mesh.
 
 Packed rows are supported through ``segment_ids`` (tokens attend only within their
-own segment; 0 marks padding) and per-document ``positions`` for RoPE.
+own segment; 0 marks padding) and per-document ``positions`` for RoPE. RoPE, the masks
+and the attention kernels themselves are functions in :mod:`scaletrain.models.attention`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -22,11 +22,22 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from scaletrain.errors import ConfigError
-from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
+from scaletrain.models.attention import (
+    KVCache,
+    apply_rope,
+    build_attention_mask,
+    build_cache_mask,
+    causal_blocks,
+    dot_product_attention,
+    fused_attention,
+    rope_inv_freq,
+    rope_tables,
+    use_fused_attention,
+)
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
+from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
 from scaletrain.models.task import TaskType
-from scaletrain.parallel.partition import active_axis_size, active_platform, active_sharding_axes
+from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 
 Array = jax.Array
 
@@ -81,91 +92,6 @@ class RMSNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (self.weight[...].astype(jnp.float32) * x32).astype(self.dtype)
-
-
-def rope_inv_freq(config: LlamaConfig) -> jnp.ndarray:
-    """Inverse frequencies of RoPE, with ``linear`` and ``llama3`` scaling."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    scaling = config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        inv_freq = inv_freq / float(scaling["factor"])
-    elif kind == "llama3":
-        factor = float(scaling["factor"])
-        low = float(scaling.get("low_freq_factor", 1.0))
-        high = float(scaling.get("high_freq_factor", 4.0))
-        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        mid = (1 - smooth) * scaled / factor + smooth * scaled
-        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = jnp.where(is_mid, mid, scaled)
-    return inv_freq
-
-
-def rope_tables(positions: Array, inv_freq: Array) -> tuple[Array, Array]:
-    """cos and sin [B, T, 1, D/2] (float32) of the rotation angles at ``positions`` [B, T].
-
-    Computed once per forward and shared by every layer's queries and keys (XLA may
-    still fuse, i.e. recompute, them into each rotation; forcing them into memory with
-    an ``optimization_barrier`` measured no faster on CPU).
-    """
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
-    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
-
-
-def apply_rope(x: Array, rope: tuple[Array, Array]) -> Array:
-    """Rotate ``x`` [B, T, H, D] by the :func:`rope_tables` (half-split layout, as transformers)."""
-    cos, sin = rope
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-def build_attention_mask(
-    segment_ids: Array, positions: Array, sliding_window: int | None
-) -> Array:
-    """Boolean [B, 1, T, S] mask: causal, same segment, not padding, inside the window."""
-    t = segment_ids.shape[1]
-    idx = jnp.arange(t)
-    causal = idx[:, None] >= idx[None, :]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    valid = (segment_ids != 0)[:, None, :]
-    mask = causal[None] & same & valid
-    if sliding_window is not None:
-        dist = positions[:, :, None] - positions[:, None, :]
-        mask = mask & (dist < sliding_window)
-    # a fully padded query row would make softmax NaN: let it see itself
-    mask = mask | jnp.eye(t, dtype=bool)[None]
-    return mask[:, None]
-
-
-class KVCache(NamedTuple):
-    """One layer's keys and values, [B, S, kv_heads, head_dim], for S fixed cache slots."""
-
-    keys: Array
-    values: Array
-
-
-def build_cache_mask(start: Array, num_queries: int, kv_valid: Array, sliding_window: int | None) -> Array:
-    """Boolean [B, 1, T, S] mask for queries at cache slots ``start + arange(T)``.
-
-    ``kv_valid`` [B, S] marks slots holding a real token (prompt padding and
-    not-yet-written slots are False). Prompts are left-padded, so slot distance
-    equals position distance between real tokens and the window can use slots.
-    """
-    q_slot = start + jnp.arange(num_queries)
-    k_slot = jnp.arange(kv_valid.shape[1])
-    mask = (k_slot[None, :] <= q_slot[:, None])[None] & kv_valid[:, None, :].astype(bool)
-    if sliding_window is not None:
-        mask = mask & ((q_slot[:, None] - k_slot[None, :]) < sliding_window)[None]
-    # a padding query would see no key at all (NaN softmax): let it see itself
-    mask = mask | (k_slot[None, :] == q_slot[:, None])[None]
-    return mask[:, None]
 
 
 class Attention(nnx.Module):
@@ -237,117 +163,6 @@ class Attention(nnx.Module):
         values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), start, axis=1)
         out = dot_product_attention(q, keys, values, mask, self.softmax_dtype, self.precision)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), KVCache(keys, values)
-
-
-#: Causal self-attention computes the [T, S] scores in at most this many query blocks,
-#: each against the keys up to its own end, so the blocks above the diagonal (which the
-#: mask would zero) are never computed: (n + 1) / (2n) of the full work for n blocks.
-MAX_CAUSAL_BLOCKS = 4
-#: Queries per block at least (smaller dots lose more to overhead than they save).
-MIN_CAUSAL_BLOCK = 128
-
-
-def causal_blocks(t: int, s: int) -> int:
-    """How many query blocks :func:`dot_product_attention` may split a causal ``[T, S=T]`` score into."""
-    if t != s:
-        return 1
-    n = min(MAX_CAUSAL_BLOCKS, t // MIN_CAUSAL_BLOCK)
-    while n > 1 and t % n:
-        n -= 1
-    return max(n, 1)
-
-
-def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, softmax_dtype: Any, precision: Any,
-                          blocks: int = 1) -> Array:
-    """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
-
-    Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
-    dots, so both are batched over (B, kv) with the contraction last on the lhs: the
-    layout XLA CPU runs on YNNPACK without copying the [T, S] scores (see
-    :mod:`scaletrain.models.cpu_dots`). The moves fuse into RoPE or copy [T, D]-sized
-    tensors only.
-
-    ``blocks > 1`` (causal self-attention only, ``mask`` zero above the diagonal):
-    query block ``i`` attends to keys ``[0, (i + 1) T / blocks)`` only. The skipped
-    scores are masked to exactly zero probability anyway, so the result is the same
-    up to summation order, for about ``(blocks + 1) / (2 blocks)`` of the work.
-
-    ``mask=None`` is causal self-attention (``S == T``), the mask made from positions
-    inside each block's fusion rather than read from memory.
-    """
-    b, t, nq, d = q.shape
-    nkv = k.shape[2]
-    group = nq // nkv
-    qh = q.reshape(b, t, nkv, group, d).transpose(0, 2, 3, 1, 4)  # [b, kv, g, t, d]
-    kh = k.transpose(0, 2, 1, 3)  # [b, kv, s, d]
-    vh = v.transpose(0, 2, 1, 3)
-    scale = 1.0 / math.sqrt(d)
-
-    def attend(qb: Array, kb: Array, vb: Array, mb: Array) -> Array:
-        scores = matmul(qb, kb, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
-        scores = jnp.where(mb[:, :, None], scores * jnp.asarray(scale, softmax_dtype),
-                           jnp.finfo(softmax_dtype).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
-        return matmul(probs, vb, batch=2, precision=precision)  # [b, kv, g, tq, d]
-
-    def block_mask(q0: int, q1: int, s: int) -> Array:
-        if mask is not None:
-            return mask[:, :, q0:q1, :s]
-        return (jnp.arange(q0, q1)[:, None] >= jnp.arange(s)[None, :])[None, None]
-
-    if blocks <= 1:
-        out = attend(qh, kh, vh, block_mask(0, t, kh.shape[2]))
-    else:
-        size = t // blocks
-        out = jnp.concatenate(
-            [attend(qh[:, :, :, i * size:(i + 1) * size], kh[:, :, :(i + 1) * size], vh[:, :, :(i + 1) * size],
-                    block_mask(i * size, (i + 1) * size, (i + 1) * size)) for i in range(blocks)],
-            axis=3,
-        )
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
-
-
-def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_problem: str | None = None) -> bool:
-    """Whether to call cuDNN's fused attention instead of the einsum + softmax path.
-
-    ``attn_mechanism="cudnn"`` forces it; ``"auto"`` (and ``"sdpa"``) picks it where it
-    exists and is exact for us: a GPU backend, bf16/fp16 compute, a head dim cuDNN
-    takes (a multiple of 8, at most 128), and inputs JAX's cuDNN partitioner accepts as
-    the mesh shards them — ``sharding_problem`` says why not (a sequence split over
-    devices, heads that do not divide over tp: both found by compiling for 8 H100s
-    ahead of time, ``bench/aot.py``); there the einsum path leaves the collectives
-    to XLA, and a forced ``cudnn`` is a ``ConfigError``. Anything else (CPU, float32,
-    ``"xla"``, ``"vanilla"``) keeps :func:`dot_product_attention`, whose float32 softmax
-    the HF parity tests check.
-    """
-    if mechanism == "cudnn":
-        if sharding_problem:
-            raise ConfigError(f"model.attn_mechanism: 'cudnn' {sharding_problem}; use 'auto' (einsum attention "
-                              "there) or change mesh.axis_dims")
-        return True
-    if mechanism not in ("auto", "sdpa"):
-        return False
-    return (
-        active_platform() == "gpu"
-        and sharding_problem is None
-        and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-        and head_dim % 8 == 0
-        and head_dim <= 128
-    )
-
-
-def fused_attention(q: Array, k: Array, v: Array, mask: Array | None,
-                    implementation: str | None = "cudnn") -> Array:
-    """``jax.nn.dot_product_attention`` on cuDNN (flash attention: no [T, S] scores kept).
-
-    The boolean ``mask`` [B, 1, T, S] from :func:`build_attention_mask` carries the
-    same-segment, padding and window constraints (cuDNN adds it as a bias), and
-    ``is_causal`` lets cuDNN skip the blocks above the diagonal, so packed rows keep
-    exactly the semantics of the einsum path. Softmax runs in float32 inside cuDNN.
-    ``mask=None`` (rows that are one unpadded sequence) is ``is_causal`` alone: cuDNN's
-    kernel without a bias, whose backward also has no bias gradient to write.
-    """
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
 
 
 class MLP(nnx.Module):
@@ -572,11 +387,14 @@ class LlamaForCausalLM(nnx.Module):
 
     @classmethod
     def from_pretrained(cls, local_dir: str, **kwargs: Any) -> LlamaForCausalLM:
-        """Load a local Hugging Face folder of this class's ``model_type`` (see ``load_hf_checkpoint``)."""
+        """Load a local Hugging Face folder of this class's ``model_type`` (see ``load_hf_checkpoint``).
+
+        ``hf`` is imported here so that building a model does not load the checkpoint
+        code; ``hf`` never imports this module, so there is no cycle either way.
+        """
         from scaletrain.models.hf import load_hf_checkpoint
 
-        return load_hf_checkpoint(local_dir, expected_model_type=cls._model_type, **kwargs)
-
+        return load_hf_checkpoint(local_dir, cls, **kwargs)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -1,11 +1,25 @@
-"""``(model_type, TaskType) -> (config class, module class)``, as seed 000 uses it."""
+"""``(model_type, TaskType) -> (config class, module class)``, as seed 000 uses it, and
+``AutoModelForCausalLM``, which reads that map for a Hugging Face folder's model_type.
+
+The loader itself (:mod:`scaletrain.models.hf`) takes the module class as an
+argument, so the registry sits above every model family and the loader below them.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+from flax import nnx
+from jax.sharding import Mesh
+
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config
+from scaletrain.models.hf import load_hf_checkpoint
+from scaletrain.models.hf_config import CONFIG_FILE, read_hf_config, supported_model_type
 from scaletrain.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 from scaletrain.models.task import TaskType
+from scaletrain.parallel.partition import PartitionAxis
 
 _REGISTRY: dict[tuple[str, TaskType], tuple[type, type]] = {}
 
@@ -34,3 +48,37 @@ def registered_model_types() -> list[str]:
 register_module("llama", TaskType.CAUSAL_LM, LlamaConfig, LlamaForCausalLM)
 register_module("mistral", TaskType.CAUSAL_LM, MistralConfig, MistralForCausalLM)
 register_module("qwen2", TaskType.CAUSAL_LM, Qwen2Config, Qwen2ForCausalLM)
+
+
+class AutoModelForCausalLM:
+    """``AutoModelForCausalLM.from_pretrained(local_dir)`` picks the class from config.json's model_type."""
+
+    def __init__(self) -> None:
+        raise TypeError("use AutoModelForCausalLM.from_pretrained(local_dir)")
+
+    @staticmethod
+    def from_pretrained(
+        local_dir: str | os.PathLike,
+        *,
+        dtype: Any = "float32",
+        param_dtype: Any = "float32",
+        mesh: Mesh | None = None,
+        sharding_axis_dims: tuple[int, ...] | None = None,
+        partition_axis: PartitionAxis | dict[str, Any] | None = None,
+        precision: Any = None,
+    ) -> nnx.Module:
+        """Load a local HF folder (no hub access) as the class registered for its model_type;
+        see :func:`scaletrain.models.hf.load_hf_checkpoint`."""
+        where = os.path.join(os.fspath(local_dir), CONFIG_FILE)
+        model_type = supported_model_type(read_hf_config(local_dir), where)
+        _, module_class = get_modules_by_type(model_type, TaskType.CAUSAL_LM)
+        return load_hf_checkpoint(
+            local_dir,
+            module_class,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            mesh=mesh,
+            sharding_axis_dims=sharding_axis_dims,
+            partition_axis=partition_axis,
+            precision=precision,
+        )

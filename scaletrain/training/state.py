@@ -17,6 +17,8 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from scaletrain.parallel.host import to_host
+
 
 @struct.dataclass
 class TrainState:
@@ -87,19 +89,6 @@ def abstract_train_state(graphdef: Any, params: Any, tx: optax.GradientTransform
 def state_shardings(state: TrainState) -> TrainState:
     """A TrainState whose leaves are the shardings of ``state``'s arrays."""
     return jax.tree.map(lambda x: x.sharding, state)
-
-
-def to_host(x: Any) -> np.ndarray:
-    """The full value of ``x`` on this host.
-
-    An array sharded over several processes is gathered first
-    (``process_allgather``): a collective, so every process must make the same calls.
-    """
-    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
 
 
 def params_sha256(params: Any) -> str:
