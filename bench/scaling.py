@@ -4,7 +4,7 @@
 
 Three sweeps around the benchmark's base (4 layers, vocab 8192, float32):
 
-- ``scaling_index`` i multiplies seed 000's ``CONFIG_SCALING_VARIABLES``: hidden 256·i,
+- ``scaling_index`` i multiplies EasyDeL RayDistributedTrainer's ``CONFIG_SCALING_VARIABLES``: hidden 256·i,
   intermediate 1024·i, attention heads 2·i, kv heads 1·i (head dim stays 128);
 - sequence length at index 1; batch size at index 1.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from common import write_record  # noqa: E402
 
 BASE: dict[str, Any] = dict(vocab_size=8192, num_hidden_layers=4, max_position_embeddings=4096)
-#: seed 000's CONFIG_SCALING_VARIABLES (moe_intermediate_size does not apply to a dense Llama)
+#: EasyDeL RayDistributedTrainer's CONFIG_SCALING_VARIABLES (moe_intermediate_size does not apply to a dense Llama)
 SCALING: dict[str, int] = dict(hidden_size=256, intermediate_size=1024, num_attention_heads=2,
                                num_key_value_heads=1)
 

@@ -102,7 +102,7 @@ class RaySection(BaseModel):
 class SweepSection(BaseModel):
     """A scaling ladder (``scaletrain sweep``): one training per scaling index.
 
-    Each key of ``scaled_keys`` is the ``model`` value times the index (seed 000's
+    Each key of ``scaled_keys`` is the ``model`` value times the index (EasyDeL RayDistributedTrainer's
     ``CONFIG_SCALING_VARIABLES``). ``member_overrides`` maps an index to extra
     ``section.key=value`` overrides for that member only.
     """

@@ -223,7 +223,7 @@ def test_chat_iterator_resumes_exactly_with_loss_mask(chat_splits):
             assert np.array_equal(got[key], want[key])
 
 
-# --- seed-000 processing functions ------------------------------------------------------------
+# --- EasyDeL RayDistributedTrainer's processing functions ------------------------------------
 
 
 def test_process_sample_and_messages_data(smol):

@@ -1,6 +1,6 @@
-"""Seed-000 style processing: one text or one conversation -> fixed-length padded arrays.
+"""EasyDeL RayDistributedTrainer-style processing: one text or one conversation -> fixed-length padded arrays.
 
-Why keep these next to the packing pipeline: ``RayDistributedTrainer`` (seed 000)
+Why keep these next to the packing pipeline: EasyDeL's ``RayDistributedTrainer``
 exposes ``process_sample_data``, ``process_messages_data`` and
 ``extract_column_names`` as methods and users map them over their datasets
 (``dataset.map(...)``) to get one padded row per example. They are plain functions

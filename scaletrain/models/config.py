@@ -1,7 +1,7 @@
 """Model configuration with Hugging Face field names.
 
 ``LlamaConfig`` holds the architecture (the same keys as a transformers
-``config.json``) plus the runtime placement fields that seed 000's
+``config.json``) plus the runtime placement fields that EasyDeL RayDistributedTrainer's
 ``CONFIG_VARIABLES`` pass to a config: the mesh axes, the ``PartitionAxis``,
 gradient checkpointing and attention options. Unknown keys are kept (as
 transformers does) so configs written by other tools still load; the recipe layer
@@ -81,7 +81,7 @@ class LlamaConfig(BaseModel):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = None
-    # runtime placement (seed 000 CONFIG_VARIABLES)
+    # runtime placement (EasyDeL's RayDistributedTrainer CONFIG_VARIABLES)
     gradient_checkpointing: str = "none"
     attn_mechanism: str = "auto"
     attn_dtype: str | None = None

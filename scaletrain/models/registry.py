@@ -1,5 +1,5 @@
-"""``(model_type, TaskType) -> (config class, module class)``, as seed 000 uses it, and
-``AutoModelForCausalLM``, which reads that map for a Hugging Face folder's model_type.
+"""``(model_type, TaskType) -> (config class, module class)``, as EasyDeL's RayDistributedTrainer
+uses it, and ``AutoModelForCausalLM``, which reads that map for a Hugging Face folder's model_type.
 
 The loader itself (:mod:`scaletrain.models.hf`) takes the module class as an
 argument, so the registry sits above every model family and the loader below them.

@@ -1,4 +1,4 @@
-"""Task types a model class can be registered for (seed 000's ``TaskType``)."""
+"""Task types a model class can be registered for (EasyDeL RayDistributedTrainer's ``TaskType``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Build the 5-axis device mesh ``(dp, fsdp, ep, tp, sp)``.
 
-The dims follow seed 000: one entry may be ``-1`` and is filled with whatever the
-device count leaves, so ``(1, -1, 1, 1, 1)`` means "all devices on fsdp".
+The dims follow EasyDeL's RayDistributedTrainer: one entry may be ``-1`` and is filled
+with whatever the device count leaves, so ``(1, -1, 1, 1, 1)`` means "all devices on fsdp".
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ class BaseTrainer(BaseTrainerProtocol):
         if self._eval_source is not None and args.do_eval:
             if len(self._eval_source) == 0:
                 raise DataError("dataset_eval is empty")
-            eval_steps = math.ceil(len(self._eval_source) / args.total_batch_size)
+            eval_steps = steps_per_epoch(self._eval_source, args.total_batch_size, drop_remainder=False)
             if args.max_evaluation_steps:
                 eval_steps = min(eval_steps, args.max_evaluation_steps)
         return TrainerConfigureDataloaderOutput(train_iter, self._dataset_eval, min(horizons), eval_steps)
