@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "generate": "scaletrain.generation",
     "Recipe": "scaletrain.recipe",
     "RayDistributedTrainer": "scaletrain.distributed.ray_trainer",
-    "RayDistributedConfig": "scaletrain.distributed.ray_trainer",
+    "RayDistributedConfig": "scaletrain.distributed.ray_config",
     "ScaletrainError": "scaletrain.errors",
     "ConfigError": "scaletrain.errors",
     "DataError": "scaletrain.errors",

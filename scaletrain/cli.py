@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    from scaletrain.distributed.launcher import run_recipe
     from scaletrain.recipe import Recipe
-    from scaletrain.run import run_recipe
 
     recipe = Recipe.load(ns.recipe, ns.overrides)
     summary = run_recipe(recipe)

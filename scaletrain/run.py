@@ -1,7 +1,10 @@
-"""Run a recipe end to end: tokenizer -> data -> model -> Trainer -> sample.
+"""Run a recipe end to end in this process: tokenizer -> data -> model -> Trainer -> sample.
 
-This is what ``scaletrain train RECIPE`` calls; it holds no training logic of its
-own, only the wiring from recipe sections to library objects.
+``scaletrain train RECIPE`` reaches :func:`run_training` through
+:func:`scaletrain.distributed.launcher.run_recipe`, which decides between this process
+and Ray; this module never imports :mod:`scaletrain.distributed` (it is what the Ray
+workers run). It holds no training logic of its own, only the wiring from recipe
+sections to library objects.
 """
 
 from __future__ import annotations
@@ -92,14 +95,14 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     Keys under ``model`` other than ``type``/``pretrained`` may only change runtime
     options (remat, attention softmax dtype); architecture keys come from the folder.
     """
-    from scaletrain.models.hf import load_hf_checkpoint
+    from scaletrain.models.config import RUNTIME_KEYS
+    from scaletrain.models.registry import AutoModelForCausalLM
 
-    runtime = {"gradient_checkpointing", "attn_softmax_dtype", "attn_dtype", "attn_mechanism"}
-    extra = set(recipe.model.config_overrides) - runtime
+    extra = set(recipe.model.config_overrides) - set(RUNTIME_KEYS)
     if extra:
         raise ConfigError(f"model.{sorted(extra)[0]}: architecture keys cannot be changed for a pretrained model "
-                          f"({recipe.model.pretrained}); only {sorted(runtime)} may be set")
-    model = load_hf_checkpoint(
+                          f"({recipe.model.pretrained}); only {sorted(RUNTIME_KEYS)} may be set")
+    model = AutoModelForCausalLM.from_pretrained(
         recipe.model.pretrained,
         dtype=recipe.training.dtype,
         param_dtype=recipe.training.param_dtype,
@@ -112,28 +115,12 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     return model
 
 
-def run_recipe(recipe: Recipe) -> dict[str, Any]:
-    """``scaletrain train``: in this process, or on Ray when ``ray.num_workers`` is set."""
-    if not recipe.ray.num_workers:
-        return run_training(recipe)
-    from scaletrain.distributed.launcher import RecipeJob, launch_on_ray
-
-    recipe = recipe.model_copy(deep=True)
-    recipe.training.output_dir = os.path.abspath(recipe.training.output_dir)
-    r = recipe.ray
-    result = launch_on_ray(
-        RecipeJob(recipe), num_workers=r.num_workers, output_dir=recipe.training.output_dir,
-        max_failures=r.max_failures, ray_address=r.address, resources_per_worker=r.resources_per_worker,
-        use_gpu=r.use_gpu, num_cpus=r.num_cpus, resume_if_possible=recipe.training.resume_if_possible,
-    )
-    return result.summary
-
-
 def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train as the recipe says, in this process; returns the summary written to ``summary.json``."""
-    from scaletrain.training.trainer import Trainer
-
     import jax
+
+    from scaletrain.training.outputs import write_summary
+    from scaletrain.training.trainer import Trainer
 
     args = recipe.training
     enable_compilation_cache(args.compilation_cache_dir)  # before the model's initialiser compiles
@@ -165,8 +152,7 @@ def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any
         summary["sample"] = text
         with open(os.path.join(out, "sample.txt"), "w") as f:
             f.write(text)
-        with open(os.path.join(out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+        write_summary(out, summary)  # the trainer's file, now with the sample (same atomic writer)
     return summary
 
 

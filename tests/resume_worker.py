@@ -22,7 +22,7 @@ class KillAt(st.Callback):
     def post_step(self, trainer, step, metrics):
         if step == self.step:
             metrics.host()  # make sure the step itself ran
-            trainer.checkpoint_manager.wait()  # "after a checkpoint": the last save is complete
+            trainer.wait_for_checkpoints()  # "after a checkpoint": the last save is complete
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,4 +1,4 @@
-"""RayDistributedTrainer without Ray: EasyDeL's RayDistributedTrainer API, the exact JSON round trip, train()'s priority."""
+"""RayDistributedTrainer without Ray: EasyDeL's API, the exact JSON round trip, train()'s priority."""
 
 import doctest
 import json

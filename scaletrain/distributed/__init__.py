@@ -10,8 +10,8 @@ from scaletrain._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "RayDistributedTrainer": "scaletrain.distributed.ray_trainer",
-    "RayDistributedConfig": "scaletrain.distributed.ray_trainer",
-    "TrainerSetupError": "scaletrain.distributed.ray_trainer",
+    "RayDistributedConfig": "scaletrain.distributed.ray_config",
+    "TrainerSetupError": "scaletrain.distributed.ray_config",
     "LaunchResult": "scaletrain.distributed.launcher",
     "TrainJob": "scaletrain.distributed.launcher",
     "RecipeJob": "scaletrain.distributed.launcher",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
 
-from scaletrain.training.callbacks import Callback
+from scaletrain.training.callbacks import Callback, StepOutput
+from scaletrain.training.protocol import TrainerView
 
 
 class KillWorkerOnce(Callback):
@@ -25,14 +25,14 @@ class KillWorkerOnce(Callback):
     def __init__(self, step: int, marker: str, rank: int = 1, wait_for_checkpoint: bool = True):
         self.step, self.marker, self.rank, self.wait_for_checkpoint = step, marker, rank, wait_for_checkpoint
 
-    def post_step(self, trainer: Any, step: int, metrics: Any) -> None:
+    def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
         import jax
 
         if step != self.step or jax.process_index() != self.rank or os.path.exists(self.marker):
             return
         metrics.host()  # the step itself has run
         if self.wait_for_checkpoint:
-            trainer.checkpoint_manager.wait()
+            trainer.wait_for_checkpoints()
         with open(self.marker, "w") as f:
             f.write(f"killed process {self.rank} after step {step}\n")
         os.kill(os.getpid(), signal.SIGKILL)

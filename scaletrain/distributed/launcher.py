@@ -20,6 +20,10 @@ after a worker dies; the new processes resume from the newest complete checkpoin
 ``output_dir`` (``resume_if_possible``). The driver refuses to start on top of
 checkpoints it did not write unless ``resume_if_possible`` is set, so every checkpoint
 a restarted worker finds belongs to this run.
+
+:func:`run_recipe` (``scaletrain train``) chooses between this process and Ray here,
+next to the launcher, so that :mod:`scaletrain.run` (what every worker runs) never
+imports :mod:`scaletrain.distributed`: the two import one way only.
 """
 
 from __future__ import annotations
@@ -31,15 +35,22 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
+from scaletrain.training.outputs import read_summary, write_json_atomic
+from scaletrain.training.protocol import TrainerView
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scaletrain.recipe import Recipe
 
 logger = logging.getLogger("scaletrain")
 
 ATTEMPTS_FILE = "ray_attempts.jsonl"
+RAY_DIR = "ray"  # under output_dir: Ray Train's run state (RunConfig name) and the placement records
+PLACEMENT_FILE = "placement-{rank}.json"
 
 
 # ---- jobs: what every worker runs ----------------------------------------------------
@@ -86,14 +97,31 @@ class RecipeJob:
         return run_training(recipe, callbacks=callbacks)
 
 
+def run_recipe(recipe: Recipe) -> dict[str, Any]:
+    """``scaletrain train``: in this process, or on Ray when ``ray.num_workers`` is set; the summary."""
+    from scaletrain.run import run_training
+
+    if not recipe.ray.num_workers:
+        return run_training(recipe)
+    recipe = recipe.model_copy(deep=True)
+    recipe.training.output_dir = os.path.abspath(recipe.training.output_dir)
+    r = recipe.ray
+    result = launch_on_ray(
+        RecipeJob(recipe), num_workers=r.num_workers, output_dir=recipe.training.output_dir,
+        max_failures=r.max_failures, ray_address=r.address, resources_per_worker=r.resources_per_worker,
+        use_gpu=r.use_gpu, num_cpus=r.num_cpus, resume_if_possible=recipe.training.resume_if_possible,
+    )
+    return result.summary
+
+
 def _report_callback() -> Any:
     from scaletrain.training.callbacks import Callback
 
     class RayReport(Callback):
         """``ray.train.report`` of each logged train record (all ranks call it: it is a barrier)."""
 
-        def post_step(self, trainer: Any, step: int, metrics: Any) -> None:
-            record = trainer.metrics_logger.last_train
+        def post_step(self, trainer: TrainerView, step: int, metrics: Any) -> None:
+            record = trainer.last_train_metrics
             if record.get("step") == step:
                 import ray.train
 
@@ -112,7 +140,7 @@ def _placement_callback(folder: str) -> Any:
         fine from its losses; this file shows the state really spans the processes.
         """
 
-        def post_init(self, trainer: Any) -> None:
+        def post_init(self, trainer: TrainerView) -> None:
             import jax
 
             leaves = jax.tree.leaves(trainer.model_state.params)
@@ -129,8 +157,7 @@ def _placement_callback(folder: str) -> Any:
                 "fully_addressable_sharded_params": sum(bool(x.is_fully_addressable) for x in sharded),
             }
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, f"placement-{jax.process_index()}.json"), "w") as f:
-                json.dump(record, f)
+            write_json_atomic(os.path.join(folder, PLACEMENT_FILE.format(rank=jax.process_index())), record)
 
     return RecordPlacement()
 
@@ -175,7 +202,7 @@ def worker_loop(config: dict[str, Any]) -> None:
         with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
             f.write(json.dumps({"started": started, "jax_ready": time.time(), "processes": jax.process_count(),
                                 "devices": jax.device_count()}) + "\n")
-    summary = config["job"]([_report_callback(), _placement_callback(os.path.join(out, "ray"))])
+    summary = config["job"]([_report_callback(), _placement_callback(os.path.join(out, RAY_DIR))])
     ray.train.report({"finished": 1, "final_step": summary.get("final_step"),
                       "params_sha256": summary.get("params_sha256"),
                       "final_train_loss": summary.get("final_train_loss"),
@@ -300,7 +327,7 @@ def launch_on_ray(
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, use_tpu=use_tpu,
                                          resources_per_worker=resources),
             run_config=RunConfig(
-                name="ray",
+                name=RAY_DIR,
                 storage_path=output_dir,
                 failure_config=FailureConfig(max_failures=max_failures),
                 worker_runtime_env={"env_vars": make_worker_env(use_gpu, use_tpu, worker_env)},
@@ -315,10 +342,10 @@ def launch_on_ray(
             ray.shutdown()
     return LaunchResult(
         output_dir=output_dir,
-        summary=_read_json(os.path.join(output_dir, "summary.json")),
+        summary=read_summary(output_dir) or {},
         ray_result=result,
         attempts=[a for a in _read_attempts(output_dir) if a.get("started", 0) >= wall0],
-        placement=[_read_json(os.path.join(output_dir, "ray", f"placement-{i}.json")) for i in range(num_workers)],
+        placement=[_read_placement(output_dir, rank) for rank in range(num_workers)],
         elapsed_s=time.perf_counter() - t0,
     )
 
@@ -344,9 +371,10 @@ def _unwrap(err: BaseException) -> BaseException:
     return err
 
 
-def _read_json(path: str) -> dict[str, Any]:
+def _read_placement(output_dir: str, rank: int) -> dict[str, Any]:
+    """What ``RecordPlacement`` wrote for process ``rank``; {} if that process never got that far."""
     try:
-        with open(path) as f:
+        with open(os.path.join(output_dir, RAY_DIR, PLACEMENT_FILE.format(rank=rank))) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}

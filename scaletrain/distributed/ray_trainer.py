@@ -1,7 +1,7 @@
-"""``RayDistributedTrainer``: seed 000's API, building models by ``scaling_index``.
+"""``RayDistributedTrainer``: EasyDeL's RayDistributedTrainer API, building models by ``scaling_index``.
 
 The class keeps EasyDeL's contract (names, defaults, ``train()``'s priority order,
-the JSON config) and fixes what the seed left undone:
+the JSON config) and fixes what EasyDeL's left undone:
 
 - the config round-trips exactly (tagged JSON, :mod:`scaletrain.distributed.codec`);
 - ``bucket_path`` really loads a checkpoint (ours or a Hugging Face folder), from a
@@ -9,6 +9,10 @@ the JSON config) and fixes what the seed left undone:
 - :meth:`RayDistributedTrainer.launch` really runs on Ray: N JAX processes under Ray
   Train, one mesh over all of them, restarts from the last checkpoint when a worker
   dies (:mod:`scaletrain.distributed.launcher`).
+
+This module is the façade: EasyDeL's methods, each a few lines. The defaults, the
+resolution rules and the saved JSON live in :mod:`scaletrain.distributed.ray_config`;
+loading a Hugging Face folder or checkpoint in :mod:`scaletrain.distributed.loading`.
 
 Example (runs in the test suite; a tiny model from the bundled tokenizer)::
 
@@ -35,7 +39,6 @@ Example (runs in the test suite; a tiny model from the bundled tokenizer)::
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -45,14 +48,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import BaseModel
 
-from scaletrain.distributed import codec
-from scaletrain.distributed.storage import check_storage, fetch, read_text, write_text
+from scaletrain.distributed import ray_config
+from scaletrain.distributed.loading import load_bucket_model, load_hf_model
+from scaletrain.distributed.ray_config import MODULE_KEYS, RayDistributedConfig, require, resolve_model_class
+from scaletrain.distributed.storage import check_storage
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import get_modules_by_type
 from scaletrain.models.task import TaskType
-from scaletrain.parallel.partition import PartitionAxis
 
 if TYPE_CHECKING:  # pragma: no cover
     from flax import nnx
@@ -64,66 +67,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("scaletrain")
 
-# config keys that place or run a model without changing its weights: applied on top of a loaded checkpoint
-RUNTIME_KEYS = (
-    "sharding_axis_names", "sharding_axis_dims", "sharding_dcn_axis_dims", "partition_axis",
-    "gradient_checkpointing", "attn_mechanism", "attn_dtype", "attn_softmax_dtype",
-)
-# passed to the module constructor, never to the config (seed 000's ``not_allowed``)
-MODULE_KEYS = ("precision", "dtype", "param_dtype")
-
-
-class TrainerSetupError(ConfigError, AssertionError):
-    """The constructor could not resolve the model class.
-
-    An ``AssertionError`` as in seed 000 (callers catch that), and a ``ConfigError``
-    so the CLI prints it as a user error without a traceback.
-    """
-
-
-def _require(condition: bool, message: str) -> None:
-    # not ``assert``: the checks must survive ``python -O``
-    if not condition:
-        raise TrainerSetupError(message)
-
-
-class RayDistributedConfig(BaseModel):
-    """What :meth:`RayDistributedTrainer.save_config` writes, as JSON.
-
-    ``_saving_preprocess`` turns dtypes, ``jax.lax.Precision``, ``PartitionAxis`` and
-    tuples into tagged JSON objects, ``_loading_postprocess`` turns them back, so
-    ``from_config(save_config(t))`` has configs equal to ``t``'s, types included.
-    ``bucket_path`` is an addition to the seed's fields.
-    """
-
-    pretrained_model_name_or_path: str
-    model_task: TaskType | None = None
-    model_type: str | None = None
-    offload_backend: str | None = None
-    config_scaling_variables: dict[str, int] | None = None
-    config_variables: dict[str, Any] | None = None
-    bucket_path: str | None = None
-
-    def _saving_preprocess(self) -> None:
-        """Encode the variables for JSON (in place; call once before dumping)."""
-        if self.config_variables is not None:
-            self.config_variables = codec.encode(self.config_variables, "config_variables")
-        if self.config_scaling_variables is not None:
-            for key, value in self.config_scaling_variables.items():
-                if not isinstance(value, int) or isinstance(value, bool):
-                    raise ConfigError(f"config_scaling_variables.{key} must be an int, got {value!r}")
-
-    def _loading_postprocess(self) -> None:
-        """Decode what ``_saving_preprocess`` encoded (in place; call once after loading)."""
-        if self.config_variables is not None:
-            self.config_variables = codec.decode(self.config_variables)
-
 
 class RayDistributedTrainer:
     """Builds models scaled by ``scaling_index`` and trains them, in one process or on Ray.
 
     ``CONFIG_SCALING_VARIABLES`` are multiplied by the scaling index,
-    ``CONFIG_VARIABLES`` are passed as they are (both: seed 000's defaults; pass
+    ``CONFIG_VARIABLES`` are passed as they are (both: EasyDeL's defaults; pass
     ``config_scaling_variables`` / ``config_variables`` to change or add keys, e.g.
     ``num_hidden_layers`` and ``vocab_size``, which otherwise take the config
     class's defaults). ``dtype``, ``param_dtype`` and ``precision`` go to the module,
@@ -137,29 +86,8 @@ class RayDistributedTrainer:
     offload_backend: str
     trainer_module: type
 
-    CONFIG_SCALING_VARIABLES: ClassVar[dict[str, int]] = {
-        "hidden_size": 256,
-        "intermediate_size": 256 * 4,
-        "moe_intermediate_size": 256 * 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-    }
-    CONFIG_VARIABLES: ClassVar[dict[str, Any]] = {
-        "dtype": jnp.bfloat16,
-        "param_dtype": jnp.bfloat16,
-        "precision": jax.lax.Precision.DEFAULT,
-        "seed": 654,
-        "max_position_embeddings": 2**13,
-        "gradient_checkpointing": "none",
-        "initializer_range": 0.02,
-        "partition_axis": PartitionAxis(),
-        "attn_mechanism": "auto",
-        "attn_dtype": jnp.bfloat16,
-        "attn_softmax_dtype": jnp.bfloat16,
-        "sharding_axis_names": ("dp", "fsdp", "ep", "tp", "sp"),
-        "sharding_axis_dims": (1, -1, 1, 1, 1),
-        "sharding_dcn_axis_dims": (1, -1, 1, 1, 1),
-    }
+    CONFIG_SCALING_VARIABLES: ClassVar[dict[str, int]] = ray_config.CONFIG_SCALING_VARIABLES
+    CONFIG_VARIABLES: ClassVar[dict[str, Any]] = ray_config.CONFIG_VARIABLES
     # a class with ``from_pretrained(path, ...)``; None = scaletrain's offline loader (pad falls back to eos)
     _processor_loader_class: ClassVar[type | None] = None
 
@@ -178,35 +106,16 @@ class RayDistributedTrainer:
     ):
         """Resolve the model class from ``model_class`` or ``(model_type, model_task)``.
 
-        Rules (seed 000): give ``model_class``, or both ``model_type`` and
-        ``model_task``; with all three, the class wins and type/task are read from
-        it. ``bucket_path`` is a local folder or fsspec URL of a checkpoint to start
-        from; its protocol is checked here.
+        Rules (EasyDeL's, :func:`~scaletrain.distributed.ray_config.resolve_model_class`):
+        give ``model_class``, or both ``model_type`` and ``model_task``; with all three,
+        the class wins and type/task are read from it. ``bucket_path`` is a local
+        folder or fsspec URL of a checkpoint to start from; its protocol is checked here.
         """
         from scaletrain.training.state import TrainState
         from scaletrain.training.trainer import Trainer
 
         self.pretrained_model_name_or_path = pretrained_model_name_or_path
-        if model_task is None or model_type is None:
-            _require(model_task is None and model_type is None,
-                     "If one of model_task or model_type is None, both must be None.")
-            _require(model_class is not None, "model_class must be provided when model_task/model_type are omitted.")
-            model_type = model_class._model_type
-            model_task = model_class._model_task
-        elif model_class is not None:
-            logger.warning("Both model_class and model_type/model_task provided. Using model_class and inferring "
-                           "type/task from it.")
-            model_type = model_class._model_type
-            model_task = model_class._model_task
-        model_task = TaskType(model_task)
-        if model_class is None:
-            try:
-                _, resolved = get_modules_by_type(model_type=model_type, task_type=model_task)
-            except ConfigError as err:
-                raise TrainerSetupError(f"Could not resolve model class for {model_type}/{model_task}: {err}") from None
-            self.model_class = resolved
-        else:
-            self.model_class = model_class
+        self.model_class, model_type, model_task = resolve_model_class(model_class, model_type, model_task)
         self.config_scaling_variables = copy.deepcopy(self.CONFIG_SCALING_VARIABLES)
         self.config_variables = copy.deepcopy(self.CONFIG_VARIABLES)
         if config_scaling_variables is not None:
@@ -232,8 +141,7 @@ class RayDistributedTrainer:
         trainer_module: type | None = None,
     ) -> RayDistributedTrainer:
         """A trainer from a JSON file written by :meth:`save_config` (local path or fsspec URL)."""
-        cfg = RayDistributedConfig(**json.loads(read_text(path)))
-        cfg._loading_postprocess()
+        cfg = RayDistributedConfig.read(path)
         return cls(
             pretrained_model_name_or_path=cfg.pretrained_model_name_or_path,
             bucket_path=cfg.bucket_path,
@@ -249,7 +157,7 @@ class RayDistributedTrainer:
 
     def save_config(self, path: str | os.PathLike) -> None:
         """Write the configuration as JSON (this trainer's own dicts are left untouched)."""
-        cfg = RayDistributedConfig(
+        RayDistributedConfig(
             pretrained_model_name_or_path=self.pretrained_model_name_or_path,
             model_task=self.model_task,
             model_type=self.model_type,
@@ -257,9 +165,7 @@ class RayDistributedTrainer:
             config_scaling_variables=copy.deepcopy(self.config_scaling_variables),
             config_variables=dict(self.config_variables),
             bucket_path=self.bucket_path,
-        )
-        cfg._saving_preprocess()
-        write_text(path, cfg.model_dump_json(indent=2))
+        ).write(path)
 
     # ---- tokenizer and data ---------------------------------------------------------
     def load_processor(self) -> Any:
@@ -339,15 +245,13 @@ class RayDistributedTrainer:
         lazy: bool = False,
     ) -> nnx.Module:
         """A model for ``config``: sharded on its mesh, or abstract (``nnx.eval_shape``) when ``lazy``."""
-        from flax import nnx
-
-        from scaletrain.models.factory import create_sharded_model
+        from scaletrain.models.factory import abstract_model, create_sharded_model
 
         if precision is None:
             precision = jax.lax.Precision.DEFAULT
         if lazy:
-            return nnx.eval_shape(lambda: self.model_class(config, dtype=dtype, param_dtype=param_dtype,
-                                                           precision=precision, rngs=nnx.Rngs(seed)))
+            return abstract_model(self.model_class, config, dtype=dtype, param_dtype=param_dtype,
+                                  precision=precision, seed=seed)
         model, _ = create_sharded_model(self.model_class, config, dtype=dtype, param_dtype=param_dtype,
                                         precision=precision, seed=seed)
         return model
@@ -386,43 +290,18 @@ class RayDistributedTrainer:
 
     def create_model_from_pretrained(self) -> nnx.Module:
         """The Hugging Face model in ``pretrained_model_name_or_path`` with this trainer's runtime keys."""
-        return self._load_hf(self.pretrained_model_name_or_path)
-
-    def _runtime_overrides(self) -> dict[str, Any]:
-        return {k: self.config_variables[k] for k in RUNTIME_KEYS if k in self.config_variables}
-
-    def _load_hf(self, folder: str) -> nnx.Module:
-        from scaletrain.models.hf import load_hf_checkpoint
-
-        cv = self.config_variables
-        model = load_hf_checkpoint(folder, dtype=cv["dtype"], param_dtype=cv["param_dtype"],
-                                   sharding_axis_dims=cv.get("sharding_axis_dims"),
-                                   partition_axis=cv.get("partition_axis"), precision=cv.get("precision"))
-        for key in ("gradient_checkpointing", "attn_mechanism", "attn_dtype", "attn_softmax_dtype"):
-            if key in cv:
-                setattr(model.config, key, cv[key])
-        return model
+        return load_hf_model(self.pretrained_model_name_or_path, self.config_variables)
 
     def load_bucket_model(self, cache_dir: str) -> nnx.Module:
         """The model saved at ``bucket_path``: a Hugging Face folder or a scaletrain run/checkpoint.
 
         Remote URLs are copied into ``cache_dir`` first. Mesh, partition axis, remat and
         attention options come from ``config_variables``; weights and architecture from
-        the checkpoint.
+        the checkpoint (:mod:`scaletrain.distributed.loading`).
         """
-        from scaletrain.export import load_checkpoint_model
-
         if self.bucket_path is None:
             raise ConfigError("load_bucket_model needs bucket_path")
-        folder = fetch(self.bucket_path, cache_dir)
-        if os.path.isfile(os.path.join(folder, "config.json")):
-            logger.info("loading the Hugging Face model at %s", self.bucket_path)
-            return self._load_hf(folder)
-        logger.info("loading the training checkpoint at %s", self.bucket_path)
-        cv = self.config_variables
-        model, _ = load_checkpoint_model(folder, config_overrides=self._runtime_overrides(), dtype=cv["dtype"],
-                                         param_dtype=cv["param_dtype"], precision=cv.get("precision"))
-        return model
+        return load_bucket_model(self.bucket_path, cache_dir, self.config_variables)
 
     # ---- training -----------------------------------------------------------------
     def create_trainer(
@@ -471,7 +350,7 @@ class RayDistributedTrainer:
                 model = self.create_model_from_config(scaling_index=scaling_index)
         if state is None and model is not None:
             state = self.convert_model_to_state(model)
-        _require(state is not None, "Unable to obtain a valid model state.")
+        require(state is not None, "Unable to obtain a valid model state.")
         arguments = align_dtypes(arguments, state)
         return self.create_trainer(
             arguments=arguments,

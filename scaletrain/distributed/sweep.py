@@ -1,7 +1,7 @@
 """Scaling ladders: one training per ``scaling_index``, run in parallel as Ray tasks.
 
 ``scaletrain sweep RECIPE --scaling-indices 1,2,4,8`` builds one member recipe per
-index (the ``sweep.scaled_keys`` of ``model`` multiplied by the index, as seed 000's
+index (the ``sweep.scaled_keys`` of ``model`` multiplied by the index, as EasyDeL's
 ``CONFIG_SCALING_VARIABLES``), runs each as its own Ray task in a fresh process
 (``max_calls=1``: JAX state and memory go with it) with ``sweep.cpus_per_member``
 CPUs, so Ray runs as many at once as the cluster has room for. Each member trains
@@ -18,7 +18,6 @@ FLOPs = ``flops_per_token(max_length) * tokens``, final eval loss) go to
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.recipe import Recipe, apply_overrides
+from scaletrain.training.outputs import read_summary, write_json_atomic
 
 logger = logging.getLogger("scaletrain")
 
@@ -53,14 +53,6 @@ def member_recipe(recipe: Recipe, index: int) -> Recipe:
     data["ray"]["num_workers"] = None
     data = apply_overrides(data, recipe.sweep.member_overrides.get(index, []))
     return Recipe.from_dict(data, where=f"sweep member {index}")
-
-
-def read_summary(output_dir: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(output_dir, "summary.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def is_finished(summary: dict[str, Any] | None) -> bool:
@@ -225,9 +217,8 @@ def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], root: str) -> None:
-    with open(os.path.join(root, "sweep.json.tmp"), "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
-    os.replace(os.path.join(root, "sweep.json.tmp"), os.path.join(root, "sweep.json"))
+    """``sweep.json`` (atomically: a re-run or another reader never sees half), ``sweep.csv``, ``sweep.png``."""
+    write_json_atomic(os.path.join(root, "sweep.json"), report)
     with open(os.path.join(root, "sweep.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
