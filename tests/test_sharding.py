@@ -68,17 +68,18 @@ def _initial_params(kw):
 def assert_same_sgd_updates(p0, params, ref_params):
     """The summed SGD updates ``p0 - p`` agree tensor by tensor.
 
-    Tolerance: float32 sums of the same terms in another order differ by about
-    ``n * 2**-24`` of the summed magnitudes (n <= 256 tokens here: ~1.5e-5); 1e-4 of the
-    tensor's largest update leaves a margin of several times that. Reading the update
-    back costs one float32 rounding of ``p``: 2**-24 * |p| per element, doubled for both
-    sides. A wrong sharding (a missing or doubled reduction) moves updates by O(1) of
-    their size.
+    Tolerance: float32 sums of the same terms in another order differ by up to about
+    ``n * 2**-24`` of the summed magnitudes (n <= 256 tokens here: ~1.5e-5), and where
+    terms cancel the summed magnitudes exceed the result: 3e-4 of the tensor's largest
+    update allows a factor of 20 for that (the worst seen over the meshes of this file is
+    4e-5). Reading the update back costs one float32 rounding of ``p``: 2**-24 * |p| per
+    element, for each side. A wrong sharding (a missing or doubled reduction) moves
+    updates by O(1) of their size, far outside this.
     """
     def check(path, a0, a, b):
         a0, a, b = (np.asarray(x, np.float64) for x in (a0, a, b))
         upd, ref = a0 - a, a0 - b
-        tol = 1e-4 * np.abs(ref).max() + 2 * 2.0**-24 * np.maximum(np.abs(a), np.abs(b))
+        tol = 3e-4 * np.abs(ref).max() + 2 * 2.0**-24 * np.maximum(np.abs(a), np.abs(b))
         worst = np.max(np.abs(upd - ref) - tol)
         assert worst <= 0, f"{jax.tree_util.keystr(path)}: updates differ by {np.abs(upd - ref).max():.3g}"
 
@@ -137,15 +138,10 @@ def test_indivisible_dims_are_replicated():
 
 @pytest.mark.parametrize("dims", [(1, 2, 1, 4, 1), (2, 4, 1, 1, 1), (1, 2, 1, 1, 4)])
 def test_chunked_loss_step_matches(tiny_config_kwargs, dims):
-    plain, m1 = _one_step(tiny_config_kwargs, dims, steps=2)
-    chunked, m2 = _one_step(tiny_config_kwargs, dims, steps=2, loss_chunk_size=4)
+    plain, m1 = _one_step(tiny_config_kwargs, dims, steps=2, **PLAIN_SGD)
+    chunked, m2 = _one_step(tiny_config_kwargs, dims, steps=2, loss_chunk_size=4, **PLAIN_SGD)
     np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-5)
-    # Adam divides by sqrt(v): a near-zero gradient entry summed in another order (per batch
-    # shard, then across shards) moves its update by a fraction of a percent of the lr (1e-2)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5),
-        jax.device_get(chunked.params), jax.device_get(plain.params),
-    )
+    assert_same_sgd_updates(_initial_params(tiny_config_kwargs), chunked.params, plain.params)
 
 
 @pytest.mark.parametrize("dims", [(2, 4, 1, 1, 1), (1, 2, 1, 1, 4)])
