@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from scaletrain.arguments import TrainingArguments
@@ -38,8 +39,38 @@ def _decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def _to_float32(tree: Any) -> Any:
+    """Floating leaves as float32; anything else (integers, optax's placeholders) unchanged."""
+    def cast(x: Any) -> Any:
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and dtype != jnp.float32:
+            return x.astype(jnp.float32)
+        return x
+    return jax.tree.map(cast, tree)
+
+
+def in_float32(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` run in float32 whatever the parameters' dtype: the precision policy.
+
+    With bfloat16 parameters (``param_dtype="bfloat16"``, RayDistributedTrainer's
+    default) the optimizer moments, the gradient it reads and the update it returns are
+    float32; only the final ``params + update`` is rounded to the parameters' dtype (by
+    ``optax.apply_updates``). bf16 moments would lose Adam's second moment (8 bits of
+    mantissa cannot hold ``b2 = 0.999``'s averaging) and bf16 updates round small steps
+    to zero. With float32 parameters this wrapper changes nothing, and the state's
+    structure is ``inner``'s own, so checkpoints are the same either way.
+    """
+    def init(params: Any) -> Any:
+        return inner.init(_to_float32(params))
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        return inner.update(_to_float32(updates), state, _to_float32(params))
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.GradientTransformation:
-    """Gradient clipping (if set) followed by the chosen optimizer."""
+    """Gradient clipping (if set) followed by the chosen optimizer, in float32 (:func:`in_float32`)."""
     if args.optimizer == "adamw":
         opt = optax.adamw(schedule, b1=args.beta1, b2=args.beta2, eps=args.epsilon,
                           weight_decay=args.weight_decay, mask=_decay_mask)
@@ -56,4 +87,4 @@ def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.G
         )
     if args.clip_grad:
         opt = optax.chain(optax.clip_by_global_norm(args.clip_grad), opt)
-    return opt
+    return in_float32(opt)

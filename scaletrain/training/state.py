@@ -60,13 +60,22 @@ def create_train_state(
 
 
 def optimizer_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
-    """The shardings of ``tx.init(params)``: each moment its parameter's, everything else replicated."""
+    """The shardings of ``tx.init(params)``: each moment its parameter's, everything else replicated.
+
+    A moment whose shape is not its parameter's (Adafactor's factored row and column
+    statistics) is replicated: it is a vector, and the parameter's spec does not fit it.
+    """
     replicated = NamedSharding(mesh, PartitionSpec())
+
+    def moment(leaf: Any, sharding: Any, param: Any) -> Any:
+        return sharding if tuple(leaf.shape) == tuple(param.shape) else replicated
+
     return optax.tree_map_params(
         tx,
-        lambda _, sharding: sharding,
+        moment,
         jax.eval_shape(tx.init, params),
         jax.tree.map(lambda x: x.sharding, params),
+        params,
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )

@@ -113,7 +113,7 @@ def train_step(
     else:
         micro = split_microbatches(batch, gradient_accumulation_steps)
         zeros = (
-            jax.tree.map(jnp.zeros_like, state.params),
+            jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
             LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields)),
         )
 
@@ -122,7 +122,9 @@ def train_step(
 
         (grads, sums), _ = lax.scan(body, zeros, micro)
     denom = jnp.maximum(sums.tokens, 1.0)
-    grads = jax.tree.map(lambda g: g / denom, grads)
+    # Gradients are summed and normalised in float32 whatever the parameters' dtype
+    # (bf16 parameters give bf16 gradients; the optimizer reads float32, see optim.in_float32).
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums.loss) & jnp.isfinite(grad_norm)
 
