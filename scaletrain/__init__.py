@@ -19,6 +19,8 @@ _EXPORTS: dict[str, str] = {
     "Callback": "scaletrain.training.callbacks",
     "TrainingArguments": "scaletrain.arguments",
     "PartitionAxis": "scaletrain.parallel.partition",
+    "AttentionMechanisms": "scaletrain.models.options",
+    "EasyDeLGradientCheckPointers": "scaletrain.models.options",
     "create_mesh": "scaletrain.parallel.mesh",
     "TaskType": "scaletrain.models.task",
     "get_modules_by_type": "scaletrain.models.registry",

@@ -1,8 +1,11 @@
 """``TrainingArguments``: every knob of a training run, validated.
 
-Unknown keys and wrong types are errors that name the key (pydantic with
-``extra="forbid"``). Defaults never change the schedule behind the user's back:
-the trainer prints the resolved plan (steps, epochs, tokens, schedule) at start.
+Unknown keys and wrong types are errors that name the key (``InvalidConfig``, a
+``ConfigError``, with a "did you mean"). EasyDeL's and Hugging Face's names are
+accepted where they mean the same as ours and refused with what to set otherwise
+(:mod:`scaletrain.argument_names`); saving writes our names. Defaults never change
+the schedule behind the user's back: the trainer prints the resolved plan (steps,
+epochs, tokens, schedule) at start.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from scaletrain.argument_names import EASYDEL_SCHEDULERS, FIXED, HF_SCHEDULERS, REFUSED, RENAMED
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
+from scaletrain.config_keys import format_validation_error, key_errors, raise_invalid, unknown_key_message
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import dtype_name
+
+__all__ = ["TrainingArguments", "format_validation_error", "parse_duration"]
 
 AxisSpec = str | tuple[str, ...] | None
 
@@ -50,6 +57,8 @@ class TrainingArguments(BaseModel):
     dtype: str = "float32"
     param_dtype: str = "float32"
     seed: int = 0
+    # regex over parameter paths ("model/layers/0/self_attn/q_proj/kernel"): those are not trained
+    frozen_parameters: str | None = None
     # compiled programs cached on disk across runs (scaletrain.compile_cache); null: off
     compilation_cache_dir: str | None = DEFAULT_COMPILATION_CACHE
     # evaluation
@@ -62,6 +71,8 @@ class TrainingArguments(BaseModel):
     peak_flops_per_device: float | None = None
     report_to: tuple[Literal["tensorboard", "wandb"], ...] = ("tensorboard",)
     wandb_project: str = "scaletrain"
+    wandb_entity: str | None = None
+    wandb_name: str | None = None
     log_grad_norms: bool = False
     log_weight_stats: bool = False
     generate_steps: int | None = None
@@ -82,8 +93,98 @@ class TrainingArguments(BaseModel):
     training_time_limit: str | None = None
     break_on_nan: bool = True
     # data
+    shuffle_train_dataset: bool = True
     truncation_mode: Literal["keep_end", "keep_start"] = "keep_end"
     step_partition_spec: tuple[AxisSpec, ...] = (("dp", "fsdp"), "sp")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise_invalid(err, "TrainingArguments")
+
+    # nested in a recipe, pydantic validates without this __init__, so errors read training.key
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _other_names(cls, data: Any) -> Any:
+        """EasyDeL's and Hugging Face's names: rename, accept at our fixed value, or refuse with a hint."""
+        if not isinstance(data, dict):
+            return data
+        data, problems, use_wandb = dict(data), [], None
+        for key in [k for k in data if k not in cls.model_fields]:
+            value = data.pop(key)
+            if key in RENAMED:
+                if RENAMED[key] in data:
+                    problems.append((key, f"give {key!r} or {RENAMED[key]!r}, not both (same field)", value))
+                data[RENAMED[key]] = value
+            elif key == "use_wandb":
+                use_wandb = bool(value)
+            elif key == "lr_scheduler_type" and str(getattr(value, "value", value)) in HF_SCHEDULERS:
+                name = HF_SCHEDULERS[str(getattr(value, "value", value))]
+                data.setdefault("scheduler", name)
+                if name != "constant":  # Hugging Face's decay ends at 0
+                    data.setdefault("learning_rate_end", 0.0)
+            elif key == "resume_from_checkpoint":
+                if isinstance(value, str):
+                    data.setdefault("resume_from", value)
+                elif value:
+                    data.setdefault("resume_if_possible", True)
+            elif key in FIXED:
+                allowed, why = FIXED[key]
+                if _fixed_value(value) not in allowed:
+                    problems.append((key, f"only {' or '.join(map(repr, allowed))} here: {why}", value))
+            elif key in REFUSED:
+                problems.append((key, f"not supported: {REFUSED[key]}", value))
+            elif key == "lr_scheduler_type":
+                problems.append((key, f"use one of {sorted(HF_SCHEDULERS)} (or scheduler)", value))
+            else:
+                known = [*cls.model_fields, *RENAMED, "use_wandb", "lr_scheduler_type", "resume_from_checkpoint"]
+                problems.append((key, unknown_key_message(str(key), known, list_valid=False), value))
+        if problems:
+            try:  # the other keys' problems too, so one run shows them all
+                cls.model_validate(data)
+                others = None
+            except ValidationError as err:
+                others = err
+            raise key_errors(cls.__name__, problems, others)
+        if use_wandb is not None:
+            report = [r for r in _names(data.get("report_to", ("tensorboard",))) if r != "wandb"]
+            data["report_to"] = tuple(report + ["wandb"] if use_wandb else report)
+        return data
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler(cls, value: Any) -> Any:
+        value = getattr(value, "value", value)  # EasyDeLSchedulers members
+        return EASYDEL_SCHEDULERS.get(value, value) if value is None or isinstance(value, str) else value
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer(cls, value: Any) -> Any:
+        return getattr(value, "value", value)  # EasyDeLOptimizers members
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, value: Any) -> Any:
+        return _names(value)
+
+    @field_validator("step_partition_spec", mode="before")
+    @classmethod
+    def _partition_spec(cls, value: Any) -> Any:
+        # EasyDeL passes a jax PartitionSpec; we keep its entries as a tuple
+        return tuple(value) if type(value).__name__ == "PartitionSpec" else value
+
+    @field_validator("frozen_parameters")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"not a valid regular expression: {err}") from None
+        return value
 
     @field_validator("dtype", "param_dtype", mode="before")
     @classmethod
@@ -137,11 +238,16 @@ class TrainingArguments(BaseModel):
         """EasyDeL's name for ``max_length``."""
         return self.max_length
 
+    @property
+    def save_directory(self) -> str:
+        """EasyDeL's name for ``output_dir``."""
+        return self.output_dir
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "training") -> TrainingArguments:
         """Validate ``data``; a bad key or value raises ConfigError naming ``where.key``."""
         try:
-            return cls(**data)
+            return cls.model_validate(data)
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, where)) from None
 
@@ -168,17 +274,18 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
-def format_validation_error(err: ValidationError, where: str) -> str:
-    """One line per problem: ``where.key: what is wrong (got value)``."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        key = ".".join(x for x in (where, loc) if x) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        got = e.get("input")
-        shown = "" if e["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
-        # a nested validator already named the full key path: don't repeat it
-        lines.append(f"{msg}{shown}" if msg.startswith(f"{key}.") else f"{key}: {msg}{shown}")
-    return "\n".join(lines)
+def _names(value: Any) -> Any:
+    """``report_to`` as a tuple: Hugging Face also takes one name, ``"none"`` and ``"all"``."""
+    if isinstance(value, str):
+        return {"none": (), "all": ("tensorboard", "wandb")}.get(value, (value,))
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _fixed_value(value: Any) -> Any:
+    """A FIXED switch's value in the table's terms (dtypes by name)."""
+    if value is None or isinstance(value, (bool, str, dict, list)):
+        return value
+    try:
+        return dtype_name(value)
+    except ValueError:
+        return value

@@ -28,8 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--scaling-indices", default=None, help="comma-separated, e.g. 1,2,4,8 (default: sweep.scaling_indices)")
     sw.add_argument("--address", default=None, help="Ray address ('auto' joins a running cluster; default: start one)")
     sw.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of a local Ray instance")
-    g = sub.add_parser("generate", help="continue a prompt with a Hugging Face model folder")
-    g.add_argument("model_dir")
+    sw.add_argument("--rerun-changed", action="store_true",
+                    help="re-run members whose resolved recipe changed (their old folder is moved aside, not deleted)")
+    g = sub.add_parser("generate", help="continue a prompt with a Hugging Face model folder or a training run")
+    g.add_argument("model_dir", help="an HF folder, or a run folder (its newest checkpoint) or one step folder")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -73,7 +75,8 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
             indices = [int(x) for x in ns.scaling_indices.split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--scaling-indices {ns.scaling_indices!r}: use comma-separated ints like 1,2,4,8") from None
-    report = run_sweep(recipe, indices, ray_address=ns.address, num_cpus=ns.num_cpus)
+    report = run_sweep(recipe, indices, ray_address=ns.address, num_cpus=ns.num_cpus,
+                       rerun_changed=ns.rerun_changed)
     print(f"{'index':>5} {'status':28s} {'params':>10} {'FLOPs':>10} {'eval loss':>9}")
     for r in report["members"]:
         loss = r.get("final_eval_loss")
@@ -131,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         return commands[ns.command](ns)
     except ScaletrainError as err:
         print(f"scaletrain: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk is the user's to fix, wherever the write was (metrics, summary, ...)
+        from scaletrain.training.storage import no_room
+
+        reason = no_room(err)
+        if reason is None:
+            raise
+        print(f"scaletrain: error: cannot write {err.filename or 'to the output folder'} ({reason}); free space "
+              "or move training.output_dir, then resume with training.resume_if_possible=true", file=sys.stderr)
         return 2
 
 

@@ -49,6 +49,33 @@ def _prompt_ids(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
     return ids
 
 
+def load_run_model(run_dir: str, sharding_axis_dims: Sequence[int] | None, dtype: str) -> tuple[Any, Any | None]:
+    """``(model, tokenizer)`` from the newest checkpoint of a training run (or a step folder).
+
+    Why: right after ``scaletrain train`` a user points ``generate`` at the run folder;
+    loading its checkpoint directly spares an export. A folder that is neither an HF
+    folder nor a run with a complete checkpoint gets one message saying what to pass.
+    """
+    from scaletrain.errors import CheckpointError
+    from scaletrain.export import load_checkpoint_model, tokenizer_for
+    from scaletrain.training.checkpoint import resolve_checkpoint
+
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"{run_dir}: not a directory; pass a Hugging Face model folder or a training run folder")
+    try:
+        resolve_checkpoint(run_dir)
+    except CheckpointError as err:
+        is_run = any(os.path.exists(os.path.join(run_dir, f)) for f in ("recipe.yaml", "metrics.jsonl", "checkpoints"))
+        what = f"{run_dir} is a training run with no complete checkpoint ({err})" if is_run else (
+            f"{run_dir} is neither a Hugging Face model folder (no config.json) nor a training run with checkpoints")
+        raise ConfigError(f"{what}; pass a folder written by `scaletrain export RUN_DIR --out OUT`, or a run "
+                          "whose training saved a checkpoint (training.save_at_end, the default)") from None
+    overrides = {"sharding_axis_dims": tuple(sharding_axis_dims)} if sharding_axis_dims is not None else None
+    model, meta = load_checkpoint_model(run_dir, config_overrides=overrides, dtype=dtype)
+    # a run without a recipe (a Trainer driven from Python) does not record its tokenizer: ids in, ids out
+    return model, tokenizer_for(meta) if meta.get("recipe") else None
+
+
 def generate_main(
     model_dir: str,
     prompt: str,
@@ -63,26 +90,31 @@ def generate_main(
 ) -> str:
     """Load an HF folder (and its tokenizer, if saved there) and return the generated continuation.
 
+    ``model_dir`` may also be a training run folder (or one checkpoint step folder): its
+    newest checkpoint and the run's tokenizer are loaded (:func:`load_run_model`).
+
     Only the new text is returned (decoded without special tokens); generation
-    stops at the config's or tokenizer's end-of-sequence token. With ``chat`` the
+    stops at the config's or tokenizer's end-of-sequence token or the chat template's
+    end-of-turn token (:func:`scaletrain.generation.stop_token_ids`). With ``chat`` the
     prompt is wrapped as one user turn by the tokenizer's chat template. Without a
     tokenizer the prompt is space-separated token ids and so is the result.
     """
     import jax
 
-    from scaletrain.generation import generate
+    from scaletrain.generation import generate, stop_token_ids, until_stop
     from scaletrain.models.registry import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir,
-        dtype=dtype,
-        sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None,
-    )
-    tokenizer = load_local_tokenizer(model_dir)
+    if os.path.isfile(os.path.join(model_dir, "config.json")):
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            dtype=dtype,
+            sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None,
+        )
+        tokenizer = load_local_tokenizer(model_dir)
+    else:
+        model, tokenizer = load_run_model(model_dir, sharding_axis_dims, dtype)
     ids = _prompt_ids(tokenizer, prompt, chat)
-    eos = model.config.eos_token_id
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
+    eos = stop_token_ids(tokenizer, model.config.eos_token_id)
     mesh = jax.tree.leaves(model)[0].sharding.mesh
     with jax.set_mesh(mesh):
         new = generate(
@@ -97,4 +129,4 @@ def generate_main(
         )[0].tolist()
     if tokenizer is None:
         return " ".join(str(t) for t in new)
-    return tokenizer.decode(new, skip_special_tokens=True)
+    return tokenizer.decode(until_stop(new, eos), skip_special_tokens=True)

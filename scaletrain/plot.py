@@ -9,7 +9,13 @@ from scaletrain.errors import ConfigError, DataError
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
-    """Train and eval records of ``metrics.jsonl`` (a resumed run's later line for a step wins)."""
+    """Train and eval records of ``metrics.jsonl``, one per step.
+
+    The file is append-only: a resumed run, or a Ray group restarted after a failure
+    (which first writes a ``{"split": "restart", "resumed_from_step": N}`` marker), logs
+    again the steps after its checkpoint. The later line for a step wins: it is the one
+    the run's final state descends from. Markers and samples are not returned.
+    """
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise DataError(f"no metrics.jsonl in {run_dir}")

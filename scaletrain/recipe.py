@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.data.config import DataSection
@@ -29,6 +29,21 @@ class ModelSection(BaseModel):
     type: str = "llama"
     pretrained: str | None = None
 
+    @field_validator("pretrained")
+    @classmethod
+    def _pretrained_folder(cls, value: str | None) -> str | None:
+        """``cache:NAME`` is NAME under scaletrain's cache folder (``$SCALETRAIN_CACHE``, else
+        ``~/.cache/scaletrain``: where scripts/convert_smollm2.py writes), so a recipe can name a
+        converted model without a machine-specific path; resolved here so the run's recipe.yaml
+        (read again by export) holds the real folder."""
+        if value is None:
+            return None
+        if value.startswith("cache:"):
+            from scaletrain.data.prepared import cache_root
+
+            return str(cache_root() / value.split(":", 1)[1])
+        return os.path.expanduser(value)
+
     @model_validator(mode="after")
     def _known_keys(self) -> ModelSection:
         from scaletrain.models.registry import get_modules_by_type
@@ -41,7 +56,7 @@ class ModelSection(BaseModel):
         if unknown:
             raise ValueError(f"unknown model config key(s) {unknown} for model type {self.type!r}")
         try:
-            config_class(**self.config_overrides)
+            config_class.model_validate(self.config_overrides)
         except ValidationError as err:
             raise ValueError(format_validation_error(err, "model")) from None
         return self
@@ -133,9 +148,21 @@ class Recipe(BaseModel):
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "recipe") -> Recipe:
         try:
-            return cls(**data)
+            recipe = cls(**data)
         except ValidationError as err:
             raise ConfigError(f"{where}: invalid recipe\n" + format_validation_error(err, "")) from None
+        recipe.check_lengths(where)
+        return recipe
+
+    def check_lengths(self, where: str = "recipe") -> None:
+        """Refuse sequences longer than the model's positions (the Trainer checks again for a pretrained model)."""
+        positions = self.model.config_overrides.get("max_position_embeddings")
+        if isinstance(positions, int) and self.training.max_length > positions:
+            raise ConfigError(
+                f"{where}: training.max_length={self.training.max_length} is longer than "
+                f"model.max_position_embeddings={positions}; lower training.max_length or raise "
+                "model.max_position_embeddings"
+            )
 
     @classmethod
     def load(cls, path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

@@ -93,15 +93,17 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     """The local Hugging Face model of ``model.pretrained``, sharded on the recipe's mesh.
 
     Keys under ``model`` other than ``type``/``pretrained`` may only change runtime
-    options (remat, attention softmax dtype); architecture keys come from the folder.
+    options (remat, attention softmax dtype); architecture keys come from the folder
+    (:func:`check_pretrained_keys`).
     """
     from scaletrain.models.config import RUNTIME_KEYS
     from scaletrain.models.registry import AutoModelForCausalLM
 
-    extra = set(recipe.model.config_overrides) - set(RUNTIME_KEYS)
-    if extra:
-        raise ConfigError(f"model.{sorted(extra)[0]}: architecture keys cannot be changed for a pretrained model "
-                          f"({recipe.model.pretrained}); only {sorted(RUNTIME_KEYS)} may be set")
+    check_pretrained_keys(recipe)
+    if recipe.training.learning_rate > 1e-3:
+        logger.warning("training.learning_rate=%g is a from-scratch rate: fine-tuning %s at it usually damages "
+                       "the model; 1e-5..1e-4 is typical (see examples/chat_sft_smollm2.yaml)",
+                       recipe.training.learning_rate, recipe.model.pretrained)
     model = AutoModelForCausalLM.from_pretrained(
         recipe.model.pretrained,
         dtype=recipe.training.dtype,
@@ -110,13 +112,59 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
         partition_axis=recipe.mesh.partition_axis,
     )
     for key, value in recipe.model.config_overrides.items():
-        setattr(model.config, key, value)
+        if key in RUNTIME_KEYS:  # the others equal the folder's (checked above)
+            setattr(model.config, key, value)
     check_vocab(tokenizer, model.config.vocab_size, recipe)
     return model
 
 
+def check_pretrained_keys(recipe: Recipe) -> None:
+    """Architecture keys next to ``model.pretrained`` must equal the folder's config.json.
+
+    Why refuse rather than apply them: the weights fix the architecture, so a differing
+    ``hidden_size`` cannot be honoured, and silently ignoring it would train another
+    model than the recipe says. Equal values are allowed, so a recipe may state them.
+    """
+    from scaletrain.models.config import RUNTIME_KEYS
+    from scaletrain.models.hf_config import load_hf_config
+
+    extra = {k: v for k, v in recipe.model.config_overrides.items() if k not in RUNTIME_KEYS}
+    if not extra:
+        return
+    folder = recipe.model.pretrained
+    saved = load_hf_config(folder)
+    as_saved = saved.to_dict()
+    base, asked = type(saved).from_dict(as_saved), type(saved).from_dict({**as_saved, **extra})
+    conflicts = [f"model.{k}={v!r} (the folder has {getattr(base, k)!r})"
+                 for k, v in sorted(extra.items()) if getattr(asked, k) != getattr(base, k)]
+    if conflicts:
+        raise ConfigError(
+            f"model.pretrained={folder} takes its architecture from {folder}/config.json, but the recipe sets "
+            f"{', '.join(conflicts)}; remove these keys from the model section (only {sorted(RUNTIME_KEYS)} may "
+            "differ), or start from examples/chat_sft_smollm2.yaml"
+        )
+
+
 def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train as the recipe says, in this process; returns the summary written to ``summary.json``."""
+    """Train as the recipe says, in this process; returns the summary written to ``summary.json``.
+
+    ``output_dir`` is locked for the whole call (:mod:`scaletrain.training.run_lock`), and
+    ``recipe.yaml`` is written only once the data, the model and the trainer are built.
+    """
+    import jax
+
+    from scaletrain.training.run_lock import acquire_run_lock, release_run_lock
+
+    args = recipe.training
+    # one run per output_dir: refuse before writing anything there (process 0 speaks for all)
+    lock = acquire_run_lock(args.output_dir) if jax.process_index() == 0 else None
+    try:
+        return _run_locked(recipe, callbacks)
+    finally:
+        release_run_lock(lock)
+
+
+def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
     import jax
 
     from scaletrain.training.outputs import write_summary
@@ -125,9 +173,6 @@ def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any
     args = recipe.training
     enable_compilation_cache(args.compilation_cache_dir)  # before the model's initialiser compiles
     out = args.ensure_output_dir()
-    if jax.process_index() == 0:
-        with open(os.path.join(out, "recipe.yaml"), "w") as f:
-            f.write(recipe.to_yaml())
     tokenizer = load_tokenizer(recipe)
     splits = load_datasets(recipe, tokenizer)
     model = build_model(recipe, tokenizer)
@@ -139,7 +184,7 @@ def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any
         dataset_eval=splits.eval if has_eval else None,
         eval_bytes_per_token=splits.eval_bytes_per_token if has_eval and splits.eval_bytes_per_token > 0 else None,
         tokenizer=tokenizer,
-        callbacks=callbacks,
+        callbacks=[_recipe_writer(recipe, out), *callbacks],
     )
     trainer.recipe = recipe.to_dict()
     output = trainer.train()
@@ -156,15 +201,39 @@ def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any
     return summary
 
 
+def _recipe_writer(recipe: Recipe, out: str) -> Any:
+    from scaletrain.training.callbacks import Callback
+
+    class WriteRecipe(Callback):
+        """``recipe.yaml`` at ``pre_train``: after the data, model, trainer and resume checks all
+        passed, so an invocation that fails any of them leaves the last run's file as it was."""
+
+        def pre_train(self, trainer: Any, state: Any) -> None:
+            if trainer.is_main_process:
+                write_text_atomic(os.path.join(out, "recipe.yaml"), recipe.to_yaml())
+
+    return WriteRecipe()
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` so that a reader sees the old file or the new one, never half of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def sample_text(model: Any, tokenizer: Any, recipe: Recipe) -> str:
-    """Continue ``sample.prompt`` with the trained model."""
+    """Continue ``sample.prompt`` with the trained model, up to its end of sequence or turn."""
     import jax
 
-    from scaletrain.generation import generate
+    from scaletrain.generation import generate, stop_token_ids, until_stop
 
     s = recipe.sample
     ids = tokenizer(s.prompt)["input_ids"] or [tokenizer.eos_token_id]
+    # stop at the end of the reply (eos or the chat template's end of turn), not at max_new_tokens
+    stop = stop_token_ids(tokenizer, model.config.eos_token_id)
     with jax.set_mesh(jax.tree.leaves(model)[0].sharding.mesh):
         new = generate(model, [ids], max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                       top_k=s.top_k, top_p=s.top_p, seed=s.seed)
-    return s.prompt + tokenizer.decode(new[0].tolist(), skip_special_tokens=True)
+                       top_k=s.top_k, top_p=s.top_p, seed=s.seed, eos_token_id=stop)
+    return s.prompt + tokenizer.decode(until_stop(new[0], stop), skip_special_tokens=True)

@@ -26,9 +26,8 @@ class KillAt(st.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main() -> None:
-    out, accum, rows, max_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
+def build_trainer(out: str, accum: int, rows: int, max_steps: int, callbacks=()) -> st.Trainer:
+    """The run's trainer (also built by tests/test_chaos.py as the template to load checkpoints into)."""
     rng = np.random.default_rng(0)
     data = [{"input_ids": rng.integers(0, 128, rng.integers(6, 20))} for _ in range(rows)]
     cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -40,8 +39,13 @@ def main() -> None:
         log_steps=1, save_steps=2, resume_if_possible=True, progress_bar=False, do_eval=False,
         report_to=(),
     )
-    callbacks = [KillAt(kill_at)] if kill_at else []
-    st.Trainer(args, model=model, dataset_train=data, callbacks=callbacks).train()
+    return st.Trainer(args, model=model, dataset_train=data, callbacks=list(callbacks))
+
+
+def main() -> None:
+    out, accum, rows, max_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    build_trainer(out, accum, rows, max_steps, [KillAt(kill_at)] if kill_at else []).train()
 
 
 if __name__ == "__main__":

@@ -32,13 +32,13 @@ def test_overrides_are_dotted_yaml_values():
 
 def test_recipe_errors_name_file_and_key(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump({"training": {"learning_rate": "fast", "max_steps": 3},
+    path.write_text(yaml.safe_dump({"training": {"learning_rate": "fast", "max_stepz": 3},
                                     "model": {"hidden_sise": 3}}))
     with pytest.raises(ConfigError) as err:
         Recipe.load(str(path))
     msg = str(err.value)
     assert str(path) in msg
-    assert "training.learning_rate" in msg and "training.max_steps: unknown key" in msg
+    assert "training.learning_rate" in msg and "training.max_stepz: unknown key; did you mean 'max_steps'" in msg
     assert "hidden_sise" in msg
     with pytest.raises(ConfigError, match="recipe file not found"):
         Recipe.load(str(tmp_path / "missing.yaml"))

@@ -15,9 +15,12 @@ What each worker does, and why:
 3. Metrics go to Ray through ``ray.train.report`` at every log step (a barrier, so all
    ranks call it), and ``summary.json`` is written by process 0.
 
-Fault tolerance: with ``max_failures > 0`` Ray Train restarts the whole worker group
-after a worker dies; the new processes resume from the newest complete checkpoint in
-``output_dir`` (``resume_if_possible``). The driver refuses to start on top of
+Fault tolerance: with ``max_failures > 0`` the driver starts the whole worker group again
+after a worker dies (:mod:`.failures`: a user error is reported at once, never retried);
+the new processes resume from the newest complete checkpoint in ``output_dir``
+(``resume_if_possible``) and rank 0 marks the restart in ``metrics.jsonl``. SIGTERM or
+SIGINT to the driver is forwarded to the workers, which checkpoint and stop
+(:mod:`.driver_stop`). The driver refuses to start on top of
 checkpoints it did not write unless ``resume_if_possible`` is set, so every checkpoint
 a restarted worker finds belongs to this run.
 
@@ -37,6 +40,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scaletrain.distributed.driver_stop import (
+    DriverSignals,
+    RelayDriverStop,
+    call_off_main_thread,
+    clear_stop_request,
+    stop_request_path,
+)
+from scaletrain.distributed.failures import exhausted_error, root_cause, user_error_in
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
@@ -103,6 +114,9 @@ def run_recipe(recipe: Recipe) -> dict[str, Any]:
 
     if not recipe.ray.num_workers:
         return run_training(recipe)
+    from scaletrain.distributed.prelaunch import check_recipe_before_launch
+
+    check_recipe_before_launch(recipe)  # what needs no worker fails here, once, before Ray starts
     recipe = recipe.model_copy(deep=True)
     recipe.training.output_dir = os.path.abspath(recipe.training.output_dir)
     r = recipe.ray
@@ -146,6 +160,7 @@ def _placement_callback(folder: str) -> Any:
             leaves = jax.tree.leaves(trainer.model_state.params)
             sharded = [x for x in leaves if not x.sharding.is_fully_replicated]
             record = {
+                "pid": os.getpid(),
                 "process_index": jax.process_index(),
                 "process_count": jax.process_count(),
                 "local_devices": jax.local_device_count(),
@@ -160,6 +175,23 @@ def _placement_callback(folder: str) -> Any:
             write_json_atomic(os.path.join(folder, PLACEMENT_FILE.format(rank=jax.process_index())), record)
 
     return RecordPlacement()
+
+
+def _restart_marker_callback(attempt: int) -> Any:
+    from scaletrain.training.callbacks import Callback
+
+    class MarkRestart(Callback):
+        """One ``metrics.jsonl`` record where a restarted group resumed, before the steps it redoes.
+
+        Why: the steps after the checkpoint were logged by the failed attempt and are
+        logged again; readers keep the later record of a step (``plot.read_metrics``).
+        """
+
+        def pre_train(self, trainer: TrainerView, state: Any) -> None:
+            step = trainer.global_step
+            trainer.write_metrics({"step": step, "split": "restart", "resumed_from_step": step, "attempt": attempt})
+
+    return MarkRestart()
 
 
 # ---- inside a worker -------------------------------------------------------------------
@@ -196,13 +228,17 @@ def worker_loop(config: dict[str, Any]) -> None:
     init_jax_distributed(rank, world)
     import jax
 
-    out = config["output_dir"]
+    out, attempt = config["output_dir"], int(config.get("attempt", 1))
     if rank == 0:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
             f.write(json.dumps({"started": started, "jax_ready": time.time(), "processes": jax.process_count(),
-                                "devices": jax.device_count()}) + "\n")
-    summary = config["job"]([_report_callback(), _placement_callback(os.path.join(out, RAY_DIR))])
+                                "devices": jax.device_count(), "attempt": attempt}) + "\n")
+    callbacks = [_report_callback(), _placement_callback(os.path.join(out, RAY_DIR)),
+                 RelayDriverStop(stop_request_path(os.path.join(out, RAY_DIR)))]
+    if attempt > 1:
+        callbacks.append(_restart_marker_callback(attempt))
+    summary = config["job"](callbacks)
     ray.train.report({"finished": 1, "final_step": summary.get("final_step"),
                       "params_sha256": summary.get("params_sha256"),
                       "final_train_loss": summary.get("final_train_loss"),
@@ -275,7 +311,14 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
         ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
     else:  # a running cluster does not: every process of this job (Ray Train's controller too) must import scaletrain
         env = {"PYTHONPATH": make_worker_env(False, False)["PYTHONPATH"]}
-        ray.init(address=address, configure_logging=False, runtime_env={"env_vars": env})
+        try:
+            ray.init(address=address, configure_logging=False, runtime_env={"env_vars": env})
+        except (ConnectionError, TimeoutError) as err:
+            reason = next((x.strip() for x in str(err).splitlines() if x.strip()), type(err).__name__)
+            raise ConfigError(
+                f"ray.address={address!r}: no Ray cluster could be reached ({reason}); start one with "
+                "`ray start --head`, or leave ray.address unset to start a local instance"
+            ) from None
     return True
 
 
@@ -302,7 +345,12 @@ def launch_on_ray(
     - ``resources_per_worker``: e.g. ``{"CPU": 1}`` (default) or ``{"GPU": 1}``.
     - ``use_gpu`` / ``use_tpu``: Ray's JAX backend initialises ``jax.distributed``.
     - ``max_failures``: restarts of the worker group after a failure (-1: unlimited);
-      each restart resumes from the newest checkpoint (set ``save_steps``).
+      each restart resumes from the newest checkpoint (set ``save_steps``). A user
+      error (``ScaletrainError``) raised on a worker is re-raised at once, never
+      retried; when the restarts run out, a :class:`~.failures.WorkersFailedError`
+      names the last failure's root cause and the newest checkpoint.
+    - SIGTERM / SIGINT to this process (on its main thread) make the workers save a
+      checkpoint and stop; the result then has the summary's ``stop_reason``.
     - ``worker_env``: extra environment variables for the workers.
     """
     ray = import_ray()
@@ -318,25 +366,42 @@ def launch_on_ray(
     resources = dict(resources_per_worker or ({"GPU": 1} if use_gpu else {"CPU": 1}))
     if num_cpus is None and ray_address is None:
         num_cpus = max(1, int(num_workers * resources.get("CPU", 1)))
+    ray_dir = os.path.join(output_dir, RAY_DIR)
+    stop_path = clear_stop_request(ray_dir)
     started_ray = ensure_ray(ray_address, num_cpus)
     t0, wall0 = time.perf_counter(), time.time()
+    failures = 0
     try:
-        trainer = JaxTrainer(
-            worker_loop,
-            train_loop_config={"job": job, "output_dir": output_dir, "cwd": os.getcwd()},
-            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, use_tpu=use_tpu,
-                                         resources_per_worker=resources),
-            run_config=RunConfig(
-                name=RAY_DIR,
-                storage_path=output_dir,
-                failure_config=FailureConfig(max_failures=max_failures),
-                worker_runtime_env={"env_vars": make_worker_env(use_gpu, use_tpu, worker_env)},
-            ),
-        )
-        try:
-            result = trainer.fit()
-        except Exception as err:
-            raise _unwrap(err) from err
+        with DriverSignals(stop_path) as signals:  # after ray.init, which installs its own SIGTERM handler
+            while True:
+                if signals.requested:  # before (re)starting a group: nothing runs that could save
+                    raise ScaletrainError(f"received {signals.requested} before the Ray workers started; "
+                                          f"nothing new was trained (newest checkpoints are in {output_dir})")
+                trainer = JaxTrainer(
+                    worker_loop,
+                    train_loop_config={"job": job, "output_dir": output_dir, "cwd": os.getcwd(),
+                                       "attempt": failures + 1},
+                    scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, use_tpu=use_tpu,
+                                                 resources_per_worker=resources),
+                    run_config=RunConfig(
+                        name=RAY_DIR,
+                        storage_path=output_dir,
+                        failure_config=FailureConfig(max_failures=0),  # restarts are decided below
+                        worker_runtime_env={"env_vars": make_worker_env(use_gpu, use_tpu, worker_env)},
+                    ),
+                )
+                try:  # off the main thread: Ray Train would replace our SIGINT handler there
+                    result = call_off_main_thread(trainer.fit)
+                    break
+                except Exception as err:
+                    user = user_error_in(err)
+                    if user is not None:
+                        raise user from err
+                    failures += 1
+                    if signals.requested or (max_failures != -1 and failures > max_failures):
+                        raise exhausted_error(err, failures, max_failures, output_dir, signals.requested) from err
+                    logger.warning("the Ray worker group failed (%s); restart %d of %s from the newest checkpoint",
+                                   root_cause(err), failures, "unlimited" if max_failures == -1 else max_failures)
     finally:
         if started_ray:
             ray.shutdown()
@@ -348,27 +413,6 @@ def launch_on_ray(
         placement=[_read_placement(output_dir, rank) for rank in range(num_workers)],
         elapsed_s=time.perf_counter() - t0,
     )
-
-
-def _unwrap(err: BaseException) -> BaseException:
-    """The first user error (ScaletrainError) raised inside a worker, else ``err`` itself."""
-    seen: set[int] = set()
-    stack: list[Any] = [err]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ScaletrainError):
-            return type(e)(str(e))
-        for attr in ("worker_failures", "errors"):
-            more = getattr(e, attr, None)
-            if isinstance(more, dict):
-                stack.extend(more.values())
-            elif isinstance(more, (list, tuple)):
-                stack.extend(more)
-        stack.extend([getattr(e, "cause", None), e.__cause__, e.__context__])
-    return err
 
 
 def _read_placement(output_dir: str, rank: int) -> dict[str, Any]:

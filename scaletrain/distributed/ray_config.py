@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 from pydantic import BaseModel
 
-from scaletrain.distributed import codec
+from scaletrain.distributed import easydel_format
 from scaletrain.distributed.storage import read_text, write_text
 from scaletrain.errors import ConfigError
-from scaletrain.models.registry import get_modules_by_type
+from scaletrain.models.registry import get_modules_by_type, model_class_identity
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -78,20 +78,23 @@ def resolve_model_class(model_class: type | None, model_type: str | None,
     """``(model_class, model_type, model_task)`` by EasyDeL RayDistributedTrainer's rules.
 
     Give ``model_class``, or both ``model_type`` and ``model_task``; with all three,
-    the class wins and type/task are read from it.
+    the class wins and type/task are read from it (a warning only when they differ
+    from the ones given: ``from_config(model_class=...)`` passes the saved pair).
+    The class's pair is :func:`~scaletrain.models.registry.model_class_identity`'s.
     """
     if model_task is None or model_type is None:
         require(model_task is None and model_type is None,
                 "If one of model_task or model_type is None, both must be None.")
         require(model_class is not None, "model_class must be provided when model_task/model_type are omitted.")
-        model_type = model_class._model_type
-        model_task = model_class._model_task
+        model_type, model_task = _identity(model_class)
     elif model_class is not None:
-        logger.warning("Both model_class and model_type/model_task provided. Using model_class and inferring "
-                       "type/task from it.")
-        model_type = model_class._model_type
-        model_task = model_class._model_task
-    model_task = TaskType(model_task)
+        given = (model_type, _task(model_task))
+        model_type, model_task = _identity(model_class)
+        if given != (model_type, model_task):
+            logger.warning("Both model_class and model_type/model_task provided. Using model_class and inferring "
+                           "type/task from it (%s/%s, not %s/%s).", model_type, model_task.value, given[0],
+                           given[1].value)
+    model_task = _task(model_task)
     if model_class is None:
         try:
             _, model_class = get_modules_by_type(model_type=model_type, task_type=model_task)
@@ -100,13 +103,31 @@ def resolve_model_class(model_class: type | None, model_type: str | None,
     return model_class, model_type, model_task
 
 
+def _identity(model_class: type) -> tuple[str, TaskType]:
+    try:
+        return model_class_identity(model_class)
+    except ConfigError as err:
+        raise TrainerSetupError(str(err)) from None
+
+
+def _task(model_task: TaskType | str) -> TaskType:
+    try:
+        return TaskType(model_task)
+    except ValueError:
+        raise TrainerSetupError(f"unknown model_task {model_task!r}; known: {[t.value for t in TaskType]}") from None
+
+
 class RayDistributedConfig(BaseModel):
     """What :meth:`RayDistributedTrainer.save_config` writes, as JSON.
 
-    ``_saving_preprocess`` turns dtypes, ``jax.lax.Precision``, ``PartitionAxis`` and
-    tuples into tagged JSON objects, ``_loading_postprocess`` turns them back, so
-    ``from_config(save_config(t))`` has configs equal to ``t``'s, types included.
-    ``bucket_path`` is an addition to EasyDeL's fields.
+    ``_saving_preprocess`` turns dtypes, ``jax.lax.Precision`` and tuples into tagged
+    JSON objects, ``partition_axis`` into the plain dict of eformer's fields (EasyDeL
+    reads it too) and the attention/remat enums into their values, noted in
+    ``enum_types``; ``_loading_postprocess`` turns them back, so
+    ``from_config(save_config(t))`` has configs equal to ``t``'s, types included. A file
+    EasyDeL saved (no ``encoding``) loads by EasyDeL's rules
+    (:mod:`scaletrain.distributed.easydel_format`). ``bucket_path``, ``encoding`` and
+    ``enum_types`` are additions to EasyDeL's fields (EasyDeL ignores them).
     """
 
     pretrained_model_name_or_path: str
@@ -116,11 +137,14 @@ class RayDistributedConfig(BaseModel):
     config_scaling_variables: dict[str, int] | None = None
     config_variables: dict[str, Any] | None = None
     bucket_path: str | None = None
+    encoding: str | None = None
+    enum_types: dict[str, str] | None = None
 
     def _saving_preprocess(self) -> None:
         """Encode the variables for JSON (in place; call once before dumping)."""
         if self.config_variables is not None:
-            self.config_variables = codec.encode(self.config_variables, "config_variables")
+            self.config_variables, self.enum_types = easydel_format.encode_variables(self.config_variables)
+            self.encoding = easydel_format.ENCODING
         if self.config_scaling_variables is not None:
             for key, value in self.config_scaling_variables.items():
                 if not isinstance(value, int) or isinstance(value, bool):
@@ -129,7 +153,8 @@ class RayDistributedConfig(BaseModel):
     def _loading_postprocess(self) -> None:
         """Decode what ``_saving_preprocess`` encoded (in place; call once after loading)."""
         if self.config_variables is not None:
-            self.config_variables = codec.decode(self.config_variables)
+            self.config_variables = easydel_format.decode_variables(self.config_variables, self.enum_types,
+                                                                    self.encoding)
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> RayDistributedConfig:

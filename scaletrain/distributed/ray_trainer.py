@@ -347,6 +347,7 @@ class RayDistributedTrainer:
                 model = self.load_bucket_model(os.path.join(arguments.output_dir, "bucket_cache"))
             else:
                 logger.info("No model/state/checkpoint. Creating a new model (scaling_index=%d).", scaling_index)
+                self._require_trainable_class()
                 model = self.create_model_from_config(scaling_index=scaling_index)
         if state is None and model is not None:
             state = self.convert_model_to_state(model)
@@ -360,6 +361,16 @@ class RayDistributedTrainer:
             state=state,
             **trainer_kwargs,
         ).train()
+
+    def _require_trainable_class(self) -> None:
+        """The trainer trains language models: a base module (no head) is refused by name before it is built."""
+        if self.model_task in (TaskType.BASE_MODULE, TaskType.SEQUENCE_CLASSIFICATION):
+            raise ConfigError(
+                f"model_class {self.model_class.__name__} is a {self.model_task.value} ({self.model_type}); "
+                f"{self.trainer_module.__name__} trains causal language models: use the "
+                f"{self.model_type} causal-LM class (e.g. model_class=LlamaForCausalLM, or "
+                "model_task=TaskType.CAUSAL_LM)"
+            )
 
     def launch(
         self,

@@ -7,12 +7,14 @@ index (the ``sweep.scaled_keys`` of ``model`` multiplied by the index, as EasyDe
 CPUs, so Ray runs as many at once as the cluster has room for. Each member trains
 in ``<training.output_dir>/member-<index>``.
 
-Re-running is cheap and safe: a member whose ``summary.json`` shows it reached its
-horizon is skipped; an unfinished one resumes from its newest checkpoint; a failed
-one is reported and does not stop the others. The results (parameters, tokens,
-FLOPs = ``flops_per_token(max_length) * tokens``, final eval loss) go to
-``sweep.json``, ``sweep.csv`` and ``sweep.png`` with a fit of
-``L = a * C**(-b) + c``.
+Re-running is cheap and safe: members are keyed by their resolved recipe
+(``sweep_keys``), so a folder trained by another recipe is refused (or moved aside
+with ``rerun_changed``); a member of the same recipe whose ``summary.json`` shows it
+reached its horizon is skipped; an unfinished one resumes from its newest
+checkpoint; a failed one is reported and does not stop the others. The results
+(parameters, tokens, FLOPs = ``flops_per_token(max_length) * tokens``, final eval
+loss) go to ``sweep.json``, ``sweep.csv`` and ``sweep.png`` with a fit of
+``L = a * C**(-b) + c``, called ok only with more members than its 3 parameters.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 import warnings
 from typing import Any
 
+from scaletrain.distributed.sweep_keys import keyed_recipe, record_member, refuse_or_move, stale_member
 from scaletrain.errors import ConfigError
 from scaletrain.recipe import Recipe, apply_overrides
 from scaletrain.training.outputs import read_summary, write_json_atomic
@@ -84,8 +87,13 @@ def run_sweep(
     scaling_indices: list[int] | tuple[int, ...] | None = None,
     ray_address: str | None = None,
     num_cpus: int | None = None,
+    rerun_changed: bool = False,
 ) -> dict[str, Any]:
-    """Train every member not yet finished, then write ``sweep.json``/``.csv``/``.png``; returns the report."""
+    """Train every member not yet finished, then write ``sweep.json``/``.csv``/``.png``; returns the report.
+
+    A member folder trained by a different resolved recipe (``sweep_keys``) is refused
+    before anything runs, or with ``rerun_changed`` moved aside and trained again.
+    """
     indices = tuple(scaling_indices or recipe.sweep.scaling_indices)
     if not indices or any(not isinstance(i, int) or i < 1 for i in indices):
         raise ConfigError(f"sweep: scaling indices must be positive ints, got {list(indices)}")
@@ -95,6 +103,7 @@ def run_sweep(
     os.makedirs(root, exist_ok=True)
     rows: dict[int, dict[str, Any]] = {}
     todo: dict[int, Recipe] = {}
+    members: dict[int, Recipe] = {}
     for index in indices:
         out = os.path.join(root, MEMBER_DIR.format(index=index))
         row: dict[str, Any] = {"scaling_index": index, "output_dir": out, "error": None}
@@ -107,6 +116,17 @@ def run_sweep(
         except (ConfigError, ValueError) as err:
             rows[index] = {**row, "status": "failed", "error": _error_text(err)}
             continue
+        members[index] = member
+        rows[index] = row
+    keyed = {index: keyed_recipe(member.to_dict()) for index, member in members.items()}
+    defaults = keyed_recipe(Recipe().to_dict())
+    stale = {rows[i]["output_dir"]: keys for i in members
+             if (keys := stale_member(rows[i]["output_dir"], keyed[i], defaults))}
+    for moved in refuse_or_move(stale, rerun_changed):
+        logger.warning("sweep: the recipe of a member changed; its old folder is now %s", moved)
+    for index, member in members.items():
+        row, out = rows[index], rows[index]["output_dir"]
+        record_member(out, index, keyed[index])
         if is_finished(read_summary(out)):
             rows[index] = {**row, "status": "skipped (finished earlier)"}
         else:
@@ -181,17 +201,24 @@ def _run_members(todo: dict[int, Recipe], rows: dict[int, dict[str, Any]], ray_a
             ray.shutdown()
 
 
+FIT_PARAMETERS = 3  # a, b, c
+
+
 def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, Any]:
-    """Fit ``L = a * C**(-b) + c`` (a, b >= 0; 0 <= c <= min L); needs 3 points.
+    """Fit ``L = a * C**(-b) + c`` (a, b >= 0; 0 <= c <= min L); ``ok`` needs 4 points.
 
     Compute is scaled by its smallest value for the optimiser's sake and ``a`` is
-    reported in the original units. Returns ``{"ok": False, "reason": ...}`` instead
-    of raising when the fit is impossible.
+    reported in the original units. ``status`` is ``ok``, ``too_few_points``,
+    ``exactly_determined`` or ``no_convergence``; every status but ``ok`` comes with
+    ``ok: False`` and a ``reason`` instead of an exception. With as many points as
+    parameters the curve passes through every point whatever the data, so it is no
+    evidence for a power law: its values are reported but it is not called ok.
     """
     points = [(c, l) for c, l in zip(compute, loss) if is_finite(c) and is_finite(l) and c > 0]
-    if len(points) < 3:
-        return {"ok": False, "reason": f"need at least 3 members with FLOPs and an eval loss, have {len(points)}",
-                "points": len(points)}
+    if len(points) < FIT_PARAMETERS:
+        return {"ok": False, "status": "too_few_points", "points": len(points),
+                "reason": f"{len(points)} member(s) with FLOPs and an eval loss: a fit needs at least "
+                          f"{FIT_PARAMETERS} to be determined and at least {FIT_PARAMETERS + 1} to be tested"}
     import numpy as np
     from scipy.optimize import curve_fit
 
@@ -210,10 +237,18 @@ def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, Any]:
             (a, b, k), _ = curve_fit(law, x, y, p0=(max(y.max() - k0, 1e-3), 0.3, k0),
                                      bounds=([0.0, 0.0, 0.0], [np.inf, 5.0, y.min()]), maxfev=20000)
     except (RuntimeError, ValueError) as err:
-        return {"ok": False, "reason": f"the fit did not converge: {err}", "points": len(points)}
+        return {"ok": False, "status": "no_convergence", "reason": f"the fit did not converge: {err}",
+                "points": len(points)}
     pred = law(x, a, b, k)
-    return {"ok": True, "a": float(a * c0**b), "b": float(b), "c": float(k), "points": len(points),
-            "rmse": float(np.sqrt(np.mean((pred - y) ** 2))), "formula": "L = a * C**(-b) + c (C in FLOPs)"}
+    out = {"ok": True, "status": "ok", "a": float(a * c0**b), "b": float(b), "c": float(k), "points": len(points),
+           "rmse": float(np.sqrt(np.mean((pred - y) ** 2))), "formula": "L = a * C**(-b) + c (C in FLOPs)"}
+    if len(points) == FIT_PARAMETERS:
+        out.update(ok=False, status="exactly_determined",
+                   reason=f"exactly determined: {len(points)} members for the {FIT_PARAMETERS} parameters of "
+                          f"L = a*C^-b + c, so the curve passes through every point and is no evidence for a "
+                          f"power law (a={out['a']:.4g}, b={out['b']:.4g}, c={out['c']:.4g}); "
+                          f"add members (at least {FIT_PARAMETERS + 1}) for a fit that can be tested")
+    return out
 
 
 def write_report(report: dict[str, Any], root: str) -> None:
@@ -242,10 +277,12 @@ def plot_sweep(report: dict[str, Any], path: str) -> str:
         ax.annotate(f"x{r['scaling_index']} ({r['num_params'] / 1e6:.2g}M)", (r["flops"], r["final_eval_loss"]),
                     textcoords="offset points", xytext=(4, 4), fontsize=8)
     fit = report["fit"]
-    if fit.get("ok") and rows:
+    if "a" in fit and rows:  # an exactly determined curve is drawn dashed and labelled as such
+        exact = fit.get("status") == "exactly_determined"
         xs = np.geomspace(min(r["flops"] for r in rows), max(r["flops"] for r in rows), 100)
-        ax.plot(xs, fit["a"] * xs ** (-fit["b"]) + fit["c"], color="C1",
-                label=f"L = {fit['a']:.3g}·C^-{fit['b']:.3g} + {fit['c']:.3g}")
+        ax.plot(xs, fit["a"] * xs ** (-fit["b"]) + fit["c"], color="C1", linestyle="--" if exact else "-",
+                label=f"L = {fit['a']:.3g}·C^-{fit['b']:.3g} + {fit['c']:.3g}"
+                      + (" (exactly determined: not evidence)" if exact else ""))
         ax.legend(fontsize=8)
     elif not rows:
         ax.text(0.5, 0.5, "no finished member with an eval loss", ha="center", transform=ax.transAxes)

@@ -15,9 +15,11 @@ import os
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from scaletrain.config_keys import raise_invalid
 from scaletrain.errors import ConfigError
+from scaletrain.models.options import attention_implementation, remat_policy
 from scaletrain.parallel.partition import PartitionAxis
 
 DTYPES: dict[str, Any] = {
@@ -26,8 +28,6 @@ DTYPES: dict[str, Any] = {
     "float16": jnp.float16,
     "float64": jnp.float64,
 }
-
-REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention")
 
 # Config fields that change how a model runs (remat, attention kernel and its dtypes), not
 # its architecture or weights: the only ones a user may set on top of a pretrained model or
@@ -91,6 +91,15 @@ class LlamaConfig(BaseModel):
     sharding_dcn_axis_dims: tuple[int, ...] | None = None
     partition_axis: PartitionAxis = PartitionAxis()
 
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise_invalid(err, type(self).__name__)
+
+    # nested in another model, pydantic validates without this __init__, so errors keep their key path
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     @model_validator(mode="after")
     def _fill_defaults(self) -> LlamaConfig:
         if self.num_key_value_heads is None:
@@ -109,10 +118,6 @@ class LlamaConfig(BaseModel):
             )
         if self.hidden_act not in ("silu", "swish"):
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only silu)")
-        if self.gradient_checkpointing not in REMAT_POLICIES:
-            raise ValueError(
-                f"gradient_checkpointing {self.gradient_checkpointing!r}: use one of {REMAT_POLICIES}"
-            )
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("linear", "llama3", "default"):
@@ -121,22 +126,20 @@ class LlamaConfig(BaseModel):
 
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod
-    def _remat_name(cls, value: Any) -> Any:
-        if value is None or value is False:
-            return "none"
-        if value is True:
-            return "full"
-        return getattr(value, "value", value) if not isinstance(value, str) else value.lower()
+    def _remat_name(cls, value: Any) -> str:
+        # EasyDeL's names (EasyDeLGradientCheckPointers) are stored as the policy they run here
+        return remat_policy(value)
+
+    @field_validator("attn_mechanism", mode="before")
+    @classmethod
+    def _attention_name(cls, value: Any) -> str:
+        # EasyDeL's names (AttentionMechanisms) are stored as the kernel choice they run here
+        return attention_implementation(value)
 
     @field_validator("attn_dtype", "attn_softmax_dtype", mode="before")
     @classmethod
     def _dtype_str(cls, value: Any) -> Any:
         return None if value is None else dtype_name(value)
-
-    @field_validator("partition_axis", mode="before")
-    @classmethod
-    def _partition_axis(cls, value: Any) -> Any:
-        return PartitionAxis(**value) if isinstance(value, dict) else value
 
     # ---- derived quantities -------------------------------------------------
     @property

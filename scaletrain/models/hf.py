@@ -93,15 +93,24 @@ def _weight_files(local_dir: str) -> dict[str, str]:
             out[tensor] = path
         return out
     if os.path.isfile(single):
-        from safetensors import safe_open
-
-        with safe_open(single, framework="numpy") as f:
+        with open_weights(single) as f:
             return {k: single for k in f.keys()}
     if any(n.endswith((".bin", ".pt", ".pth")) for n in os.listdir(local_dir)):
         raise ConfigError(
             f"{single}: missing; only safetensors weights load (pickled .bin/.pt files are never read)"
         )
     raise ConfigError(f"{single}: missing (and no {INDEX_FILE}); the folder has no safetensors weights")
+
+
+def open_weights(path: str) -> Any:
+    """``safe_open(path)``, or one error naming the file when its header or data is cut short or damaged."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(path, framework="numpy")
+    except SafetensorError as err:
+        raise CheckpointError(f"{path}: not a complete safetensors file ({err}); it is truncated or corrupt: "
+                              "copy or export the model folder again") from None
 
 
 def _slices(index: tuple[slice, ...], transpose: bool) -> tuple[slice, ...]:
@@ -196,15 +205,13 @@ def _read_tensors(targets: Any, needed: dict[str, tuple[str, bool]], files: dict
 
     One file open at a time; tensors are loaded in file order, one at a time.
     """
-    from safetensors import safe_open
-
     by_file: dict[str, list[str]] = {}
     for name, (hf, _) in needed.items():
         by_file.setdefault(files[hf], []).append(name)
     flat_targets = {_path_name(p): t for p, t in jax.tree_util.tree_flatten_with_path(targets)[0]}
     loaded: dict[str, jax.Array] = {}
     for path in sorted(by_file):
-        with safe_open(path, framework="numpy") as handle:
+        with open_weights(path) as handle:
             for name in by_file[path]:
                 hf, transpose = needed[name]
                 loaded[name] = _load_sharded(handle, hf, transpose, flat_targets[name])

@@ -233,6 +233,11 @@ def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
 class LlamaModel(nnx.Module):
     """Embeddings, decoder layers and the final norm."""
 
+    # EasyDeL's names: a base module (no head), which the trainer does not train by itself
+    _model_type: ClassVar[str] = "llama"
+    _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
+    config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
+
     def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
         self.embed_tokens = nnx.Param(
             _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),

@@ -17,7 +17,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config
 from scaletrain.models.hf import load_hf_checkpoint
 from scaletrain.models.hf_config import CONFIG_FILE, read_hf_config, supported_model_type
-from scaletrain.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from scaletrain.models.llama import LlamaForCausalLM, LlamaModel, MistralForCausalLM, Qwen2ForCausalLM
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -45,7 +45,34 @@ def registered_model_types() -> list[str]:
     return sorted({m for m, _ in _REGISTRY})
 
 
+def model_class_identity(model_class: type) -> tuple[str, TaskType]:
+    """``(model_type, task)`` of a module class: its ``_model_type`` / ``_model_task``, else its registry entry.
+
+    EasyDeL reads the two class attributes directly, so a class without them failed
+    with a bare ``AttributeError``; here a registered class needs neither, and any
+    other class gets a ConfigError that names it and says what to add.
+    """
+    name = getattr(model_class, "__qualname__", repr(model_class))
+    model_type = getattr(model_class, "_model_type", None)
+    task = getattr(model_class, "_model_task", None)
+    if model_type is None or task is None:
+        entries = [key for key, (_, cls) in _REGISTRY.items() if cls is model_class]
+        if not entries:
+            raise ConfigError(
+                f"model_class {name} has no _model_type/_model_task and is not registered: give it class "
+                "attributes `_model_type = \"...\"` and `_model_task = TaskType....`, or call "
+                "scaletrain.models.register_module(model_type, task, config_class, module_class)"
+            )
+        model_type, task = entries[0]
+    try:
+        return model_type, TaskType(task)
+    except ValueError:
+        raise ConfigError(f"model_class {name} has _model_task={task!r}; known tasks: "
+                          f"{[t.value for t in TaskType]}") from None
+
+
 register_module("llama", TaskType.CAUSAL_LM, LlamaConfig, LlamaForCausalLM)
+register_module("llama", TaskType.BASE_MODULE, LlamaConfig, LlamaModel)
 register_module("mistral", TaskType.CAUSAL_LM, MistralConfig, MistralForCausalLM)
 register_module("qwen2", TaskType.CAUSAL_LM, Qwen2Config, Qwen2ForCausalLM)
 

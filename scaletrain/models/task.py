@@ -6,11 +6,17 @@ import enum
 
 
 class TaskType(str, enum.Enum):
-    """What a module's head computes. Only ``CAUSAL_LM`` is implemented today."""
+    """What a module's head computes.
+
+    ``CAUSAL_LM`` is what the trainer trains; ``BASE_MODULE`` is a decoder without a head
+    (``LlamaModel``); ``CUSTOM`` marks a user's own class (seed 001's custom-model
+    example), which the trainer trains like a causal LM.
+    """
 
     CAUSAL_LM = "causal-language-model"
     SEQUENCE_CLASSIFICATION = "sequence-classification"
     BASE_MODULE = "base-module"
+    CUSTOM = "custom"
 
     def __str__(self) -> str:
         return self.value

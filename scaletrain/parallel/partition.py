@@ -14,29 +14,116 @@ from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
+
+from scaletrain.config_keys import key_errors, raise_invalid, unknown_key_message
 
 AxisSpec = str | tuple[str, ...] | None
 
 
 class PartitionAxis(BaseModel):
-    """Names the mesh axes that shard each kind of dimension.
+    """Names the mesh axes that shard each kind of dimension (eformer's fields, plus ``hidden_axis``).
 
-    Defaults give FSDP over ``dp``/``fsdp`` for the batch and the parameters'
-    hidden dimension, tensor parallelism over ``tp`` for heads, MLP and vocab, and
-    sequence parallelism over ``sp`` for activations' sequence dimension.
+    EasyDeL's ``PartitionAxis`` (eformer) fields are all accepted, so its saved dicts
+    load. The five mesh-axis names (``data_parallel_axis`` ``"dp"``,
+    ``fully_sharded_data_parallel_axis`` ``"fsdp"``, ``tensor_parallel_axis`` ``"tp"``,
+    ``sequence_parallel_axis`` ``"sp"``, ``expert_parallel_axis`` ``"ep"``) give the
+    defaults of the fields left out, as in eformer: batch over dp and fsdp, heads, MLP
+    and vocab over tp, sequence over sp, experts over ep, the decode axes like their
+    train axes. Which fields take effect here is :data:`USED_FIELDS`; the others are
+    kept and saved so a config round-trips (docs/from-easydel.md).
+
+    ``hidden_axis`` is ours: the parameters' hidden (embed) dimension, FSDP over
+    ``fully_sharded_data_parallel_axis`` by default (EasyDeL shards parameters by
+    per-model rules instead, and eformer's ``hidden_state_axis`` is the activations'
+    hidden dimension, which we keep replicated). It is saved only when it is not its
+    default, so the saved dict is one eformer's ``PartitionAxis(**d)`` reads too.
+    ``mlp_axis``, our former name of ``mlp_intermediate_axis``, is still accepted.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # names of the mesh axes: the defaults of the fields below derive from them
+    data_parallel_axis: str = "dp"
+    fully_sharded_data_parallel_axis: str = "fsdp"
+    tensor_parallel_axis: str = "tp"
+    sequence_parallel_axis: str = "sp"
+    expert_parallel_axis: str = "ep"
+    # training axes (used: see USED_FIELDS)
     batch_axis: AxisSpec = ("dp", "fsdp")
     sequence_axis: AxisSpec = "sp"
+    query_sequence_axis: AxisSpec = "sp"
     head_axis: AxisSpec = "tp"
     kv_head_axis: AxisSpec = "tp"
-    hidden_axis: AxisSpec = "fsdp"
-    mlp_axis: AxisSpec = "tp"
+    key_sequence_axis: AxisSpec = "sp"
+    hidden_state_axis: AxisSpec = "tp"
+    mlp_intermediate_axis: AxisSpec = "tp"
     vocab_axis: AxisSpec = "tp"
     expert_axis: AxisSpec = "ep"
+    expert_gate_axis: AxisSpec = None
+    attention_dim_axis: AxisSpec = None
+    attention_kv_dim_axis: AxisSpec = None
+    bias_head_sequence_axis: AxisSpec = None
+    bias_key_sequence_axis: AxisSpec = None
+    # decoding axes (kept, not used yet: generation runs on the training layout)
+    decode_batch_axis: AxisSpec = ("dp", "fsdp")
+    decode_query_sequence_axis: AxisSpec = None
+    decode_head_axis: AxisSpec = "tp"
+    decode_kv_head_axis: AxisSpec = "tp"
+    decode_key_sequence_axis: AxisSpec = "sp"
+    decode_attention_dim_axis: AxisSpec = None
+    decode_attention_kv_dim_axis: AxisSpec = None
+    # ours: the parameters' hidden dimension
+    hidden_axis: AxisSpec = "fsdp"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise_invalid(err, "PartitionAxis")
+
+    # nested in another model, pydantic validates without this __init__, so errors keep their key path
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eformer_names(cls, data: Any) -> Any:
+        """Check the keys, take ``mlp_axis``, fill left-out fields from the mesh-axis names as eformer does."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "mlp_axis" in data and "mlp_intermediate_axis" not in data:
+            data["mlp_intermediate_axis"] = data.pop("mlp_axis")
+        unknown = [k for k in data if k not in cls.model_fields]
+        if unknown:
+            raise key_errors(cls.__name__, [(k, unknown_key_message(str(k), cls.model_fields), data[k])
+                                            for k in unknown])
+        # JSON gives lists where the axes were tuples
+        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        dp, fsdp, tp, sp, ep = (data.get(k, cls.model_fields[k].default) for k in MESH_AXIS_FIELDS)
+        derived: dict[str, Any] = {
+            "batch_axis": (dp, fsdp), "sequence_axis": sp, "query_sequence_axis": sp, "key_sequence_axis": sp,
+            "head_axis": tp, "kv_head_axis": tp, "hidden_state_axis": tp, "mlp_intermediate_axis": tp,
+            "vocab_axis": tp, "expert_axis": ep, "hidden_axis": fsdp,
+        }
+        for key, value in derived.items():
+            data.setdefault(key, value)
+        for train, decode in DECODE_FIELDS.items():
+            data.setdefault(decode, data.get(train, cls.model_fields[train].default))
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """Leave ``hidden_axis`` out when it is its default, so eformer reads the dict too."""
+        out = handler(self)
+        if self.hidden_axis == self.fully_sharded_data_parallel_axis:
+            out.pop("hidden_axis", None)
+        return out
+
+    @property
+    def mlp_axis(self) -> AxisSpec:
+        """Our former name of ``mlp_intermediate_axis``."""
+        return self.mlp_intermediate_axis
 
     def logical_rules(self) -> dict[str, AxisSpec]:
         """Map each logical parameter/activation axis name to mesh axes."""
@@ -46,11 +133,21 @@ class PartitionAxis(BaseModel):
             "embed": self.hidden_axis,
             "heads": self.head_axis,
             "kv_heads": self.kv_head_axis,
-            "mlp": self.mlp_axis,
+            "mlp": self.mlp_intermediate_axis,
             "vocab": self.vocab_axis,
             "expert": self.expert_axis,
             "norm": None,
         }
+
+
+MESH_AXIS_FIELDS = ("data_parallel_axis", "fully_sharded_data_parallel_axis", "tensor_parallel_axis",
+                    "sequence_parallel_axis", "expert_parallel_axis")
+# eformer's: a decoding axis left out is its training axis
+DECODE_FIELDS = {"batch_axis": "decode_batch_axis", "head_axis": "decode_head_axis",
+                 "kv_head_axis": "decode_kv_head_axis", "key_sequence_axis": "decode_key_sequence_axis"}
+# the fields that change where arrays go here (the mesh-axis names through the defaults they give)
+USED_FIELDS = (*MESH_AXIS_FIELDS, "batch_axis", "sequence_axis", "head_axis", "kv_head_axis",
+               "mlp_intermediate_axis", "vocab_axis", "expert_axis", "hidden_axis")
 
 
 def axis_names(axes: AxisSpec) -> tuple[str, ...]:

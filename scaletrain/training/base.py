@@ -46,7 +46,9 @@ from scaletrain.training.protocol import (
     TrainerConfigureFunctionOutput,
     TrainerConfigureModelOutput,
 )
-from scaletrain.training.state import TrainState, create_train_state, state_shardings
+from scaletrain.training.resume import restore_data_position, warn_about_later_checkpoints
+from scaletrain.training.run_lock import RunLock, acquire_run_lock, release_run_lock
+from scaletrain.training.state import TrainState, adopt_state, create_train_state, state_shardings
 from scaletrain.training.steps import make_step_functions
 from scaletrain.training.stopping import NanGuard, StoppingRules
 
@@ -102,6 +104,16 @@ class BaseTrainer(BaseTrainerProtocol):
         self.start_time = time.perf_counter()
         self.epoch = 0
         self._consumed_data_state: Any = None
+        self._run_lock: RunLock | None = None
+        self.hold_run_lock()  # one run per output_dir, taken before anything is written there
+        try:
+            self._configure_all()
+        except BaseException:
+            self.release_run_lock()
+            raise
+
+    def _configure_all(self) -> None:
+        """The three ``configure_*`` steps and the init callbacks (the run lock is already held)."""
         self.fire("pre_init")
         data = self.configure_dataloaders()
         self.dataloader_train, self.dataloader_eval = data.dataloader_train, data.dataloader_eval
@@ -208,8 +220,8 @@ class BaseTrainer(BaseTrainerProtocol):
         if args.num_train_epochs is not None:
             horizons.append(args.num_train_epochs * self.steps_per_epoch)
         self.num_epochs = args.num_train_epochs  # None: the step budget alone decides (endless epochs)
-        train_iter = self.make_iterator(self._train_source, shuffle=True, num_epochs=self.num_epochs,
-                                        drop_remainder=True)
+        train_iter = self.make_iterator(self._train_source, shuffle=self.arguments.shuffle_train_dataset,
+                                        num_epochs=self.num_epochs, drop_remainder=True)
         eval_steps = None
         self._eval_source = None if self._dataset_eval is None else as_source_or_rows(self._dataset_eval)
         if self._eval_source is not None and args.do_eval:
@@ -240,14 +252,18 @@ class BaseTrainer(BaseTrainerProtocol):
                     f"training.{name} is {want.name} but the model was built with {name}={have.name}; "
                     f"build the model with {name}={want.name!r} or set training.{name}={have.name}"
                 )
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions is not None and args.max_length > positions:
+            raise ConfigError(
+                f"training.max_length={args.max_length} is longer than the model's "
+                f"max_position_embeddings={positions}; lower training.max_length or use a model with "
+                f"max_position_embeddings >= {args.max_length}"
+            )
         scheduler = make_schedule(args, self.max_training_steps)
         optimizer = make_optimizer(args, scheduler)
         state = create_train_state(model, optimizer, self._mesh, seed=args.seed)
-        given = self._given_state
-        if given is not None:
-            same_opt = jax.tree.structure(given.opt_state) == jax.tree.structure(state.opt_state)
-            state = state.replace(step=given.step, opt_state=given.opt_state if same_opt else state.opt_state,
-                                  rng=given.rng)
+        if self._given_state is not None:  # its class (a custom state_class), step, RNG and extra fields
+            state = adopt_state(self._given_state, state)
         return TrainerConfigureModelOutput(model, state, optimizer, scheduler)
 
     def configure_functions(self) -> TrainerConfigureFunctionOutput:
@@ -311,14 +327,44 @@ class BaseTrainer(BaseTrainerProtocol):
             return state
         source, step = found
         state, data_state, meta = source.restore(step, state)
-        if "train" in data_state:
-            self.dataloader_train.set_state(data_state["train"])
+        restore_data_position(self.dataloader_train, source.path(step), data_state)  # required: exact resume
+        warn_about_later_checkpoints(self.checkpoint_manager.directory, self.checkpoint_manager.all_steps(), step)
         rows = len(self._train_source)
         if meta.get("train_rows") not in (None, rows):
             logger.warning("resuming with a different training set (%s rows, checkpoint had %s): the data "
                            "order will not match the original run", rows, meta.get("train_rows"))
         self.resumed_from = source.path(step)
         logger.info("resumed from %s (step %d)", self.resumed_from, step)
+        return state
+
+    def starting_state(self, state: TrainState | None = None, model_parameters: Any = None) -> TrainState:
+        """What ``train(model_parameters=, state=)`` starts from (seed 003), placed like the built state.
+
+        ``state`` replaces the state built at init (same class and parameter shapes;
+        its optimizer state is kept when its structure matches, as for ``model_state=``);
+        ``model_parameters`` (a pure dict like ``state.params``, or an ``nnx.State``)
+        then replaces its parameters. The resume policy runs afterwards, as it does
+        for ``model_state=``: a checkpoint it picks wins over both.
+        """
+        built = self._model_state
+        if state is None and model_parameters is None:
+            return built
+        if state is not None:
+            if type(state) is not type(built):
+                raise ConfigError(f"train(state=...) got a {type(state).__name__}, but this trainer was built for "
+                                  f"a {type(built).__name__}; pass that state as model_state= when creating it")
+            _check_like(state.params, built.params, "train(state=...).params")
+            same_opt = jax.tree.structure(state.opt_state) == jax.tree.structure(built.opt_state)
+            state = state.replace(graphdef=built.graphdef, opt_state=state.opt_state if same_opt else built.opt_state)
+            state = jax.device_put(state, state_shardings(built))
+        state = state if state is not None else built
+        if model_parameters is not None:
+            if isinstance(model_parameters, nnx.State):
+                model_parameters = nnx.to_pure_dict(model_parameters)
+            _check_like(model_parameters, built.params, "train(model_parameters=...)")
+            params = jax.tree.map(lambda x, b: jax.device_put(jnp.asarray(x, b.dtype), b.sharding),
+                                  model_parameters, built.params)
+            state = state.replace(params=params)
         return state
 
     def consumed_data_state(self) -> Any:
@@ -350,6 +396,27 @@ class BaseTrainer(BaseTrainerProtocol):
 
     def close(self) -> None:
         self.writers.close()
+
+    def hold_run_lock(self) -> None:
+        """Take ``output_dir``'s lock unless this trainer holds it; process 0 only (it speaks for all)."""
+        if self._run_lock is None and self.is_main_process:
+            self._run_lock = acquire_run_lock(self.arguments.output_dir)
+
+    def release_run_lock(self) -> None:
+        """Let go of ``output_dir``'s lock (``train()`` does, however it ends); safe to call twice."""
+        lock, self._run_lock = self._run_lock, None
+        release_run_lock(lock)
+
+
+def _check_like(tree: Any, like: Any, what: str) -> None:
+    """ConfigError unless ``tree`` has ``like``'s structure and shapes (naming the first difference)."""
+    if jax.tree.structure(tree) != jax.tree.structure(like):
+        raise ConfigError(f"{what} does not have this model's parameter structure; pass parameters of the "
+                          "same architecture (state.params of a TrainState, or nnx.to_pure_dict(nnx.state(model)))")
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(like)):
+        if tuple(np.shape(x)) != tuple(y.shape):
+            raise ConfigError(f"{what}{jax.tree_util.keystr(path)} has shape {tuple(np.shape(x))}, "
+                              f"this model's has {tuple(y.shape)}")
 
 
 def batch_sharding(args: TrainingArguments, mesh: Mesh) -> NamedSharding:

@@ -160,15 +160,16 @@ class PreviewGeneration(Callback):
         a = trainer.arguments
         if not a.generate_steps or step % a.generate_steps or trainer.tokenizer is None:
             return
-        from scaletrain.generation import generate
+        from scaletrain.generation import generate, stop_token_ids, until_stop
 
         tok = trainer.tokenizer
         model = trainer.current_state.model
+        stop = stop_token_ids(tok, model.config.eos_token_id)  # a reply ends at eos or the end of its turn
         for prompt in a.generate_prompts:
             ids = tok(prompt)["input_ids"] or [tok.eos_token_id]
             new = generate(model, [ids], max_new_tokens=a.generate_max_new_tokens, temperature=0.8, top_k=40,
-                           seed=step)
-            text = prompt + tok.decode(new[0].tolist(), skip_special_tokens=True)
+                           seed=step, eos_token_id=stop)
+            text = prompt + tok.decode(until_stop(new[0], stop), skip_special_tokens=True)
             trainer.write_metrics({"step": step, "split": "sample", "prompt": prompt, "text": text})
 
 

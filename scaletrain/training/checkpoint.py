@@ -7,22 +7,36 @@ temporary folder and renames it only when complete, so a run killed mid-save
 leaves nothing that resume would pick. The retention policy keeps the newest
 ``save_total_limit`` steps plus, optionally, the best by eval loss; it only ever
 deletes steps that this policy itself wrote.
+
+A run owns what it writes: a save at a step whose folder an earlier invocation left
+(a run resumed from an older step of its own folder reaches it again) replaces that
+folder. The new checkpoint is written complete under ``.replacing/`` and then swapped
+with the stale one in one rename, so the step folder always holds one complete
+checkpoint, old or new. A restore that finds a piece of the state missing, or a tensor
+it cannot read, names it and the checkpoints to resume from instead.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
 
 from scaletrain.errors import CheckpointError
+from scaletrain.training.storage import no_room
 
 logger = logging.getLogger("scaletrain")
 
 CHECKPOINT_DIR = "checkpoints"
+REPLACING_DIR = ".replacing"  # not a step name: nothing under it is ever listed or resumed from
+STATE_PIECES = ("step", "params", "opt_state", "rng")
 
 
 def _state_tree(state: Any) -> dict[str, Any]:
@@ -40,6 +54,67 @@ def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...] | None]:
             for path, leaf in flat}
 
 
+def _sync(name: str) -> None:
+    """Barrier across JAX processes (a no-op in one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one atomic rename (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):
+        return False  # this filesystem cannot exchange: the caller falls back to two renames
+    raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
+
+
+def _handlers(ocp: Any) -> dict[str, Any]:
+    return {
+        "state": ocp.StandardCheckpointHandler(),
+        "data": ocp.JsonCheckpointHandler(),
+        "meta": ocp.JsonCheckpointHandler(),
+    }
+
+
+def _tensor_named(err: BaseException) -> str | None:
+    """The parameter a TensorStore error is about (its dotted path in the state), where it says."""
+    found = re.search(r'Error reading "([^"/]+)/', str(err))
+    return found.group(1) if found else None
+
+
+def _short_reason(err: BaseException, limit: int = 300) -> str:
+    """The error without TensorStore's spec (dozens of lines of JSON that help nobody)."""
+    text = str(err).split(" [tensorstore_spec=")[0].strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _finish_interrupted_replacement(directory: str) -> None:
+    """Move a complete replacement whose swap a crash interrupted into its step folder.
+
+    Only the two-rename fallback of :meth:`Checkpointer._replace` can be interrupted
+    with the step folder absent; the complete new checkpoint is then under
+    ``.replacing/<step>`` (orbax names it so only once committed).
+    """
+    staging = os.path.join(directory, REPLACING_DIR)
+    if not os.path.isdir(staging):
+        return
+    for name in os.listdir(staging):
+        if name.isdigit() and not os.path.lexists(os.path.join(directory, name)):
+            os.rename(os.path.join(staging, name), os.path.join(directory, name))
+            logger.warning("finished replacing checkpoint %s (a crash had interrupted it)",
+                           os.path.join(directory, name))
+
+
 class Checkpointer:
     """Save and restore checkpoints under ``<directory>/<step>`` (a run's ``output_dir/checkpoints``)."""
 
@@ -55,18 +130,19 @@ class Checkpointer:
             max_to_keep=None, enable_async_checkpointing=async_save, create=True,
             cleanup_tmp_directories=False,
         )
-        handlers = {
-            "state": ocp.StandardCheckpointHandler(),
-            "data": ocp.JsonCheckpointHandler(),
-            "meta": ocp.JsonCheckpointHandler(),
-        }
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers(ocp))
         self._written: list[int] = []  # steps this run saved: the only ones its policy may delete
+        self._current: set[int] = set()  # steps whose folder holds this run's state (saved or restored)
         self._scores: dict[int, float] = self._load_scores()
 
     @classmethod
     def for_run(cls, output_dir: str, **kw: Any) -> Checkpointer:
-        return cls(os.path.join(output_dir, CHECKPOINT_DIR), **kw)
+        """The checkpoints of a run this process owns (it finishes a swap a crash interrupted)."""
+        directory = os.path.join(output_dir, CHECKPOINT_DIR)
+        if jax.process_index() == 0:
+            _finish_interrupted_replacement(directory)
+        _sync("scaletrain_checkpoints_recovered")
+        return cls(directory, **kw)
 
     # ---- discovery ----------------------------------------------------------
     def all_steps(self) -> list[int]:
@@ -83,23 +159,74 @@ class Checkpointer:
     # ---- save -----------------------------------------------------------------
     def save(self, step: int, state: Any, data_state: dict[str, Any] | None, meta: dict[str, Any],
              eval_loss: float | None = None) -> str:
-        """Start an asynchronous save of ``state`` at ``step``; returns the final path."""
+        """Start an asynchronous save of ``state`` at ``step``; returns the final path.
+
+        A step this run already saved (or restored from this folder) holds this very
+        state and is left as is. A folder an earlier invocation left at ``step`` is
+        stale (this run went back to an older step and reached ``step`` again) or
+        broken: it is replaced, synchronously and atomically (:meth:`_replace`).
+        """
         ocp = self._ocp
-        if step in self.all_steps():
+        if step in self._current:
             return self.path(step)
-        self._manager.wait_until_finished()
+        self.wait()
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(_state_tree(state)),
             data=ocp.args.JsonSave(data_state or {}),
             meta=ocp.args.JsonSave(meta),
         )
-        self._manager.save(step, args=args)
+        try:
+            if os.path.lexists(self.path(step)):
+                self._replace(step, args)
+            elif not self._manager.save(step, args=args, force=True):  # force: also below the newest step
+                raise CheckpointError(f"checkpoint {self.path(step)} was not written (orbax declined the save)")
+        except Exception as err:
+            self._raise_if_no_room(err)
+            raise
+        self._current.add(step)
         self._written.append(step)
+        stale_score = self._scores.pop(step, None)  # an eval loss of the replaced folder's weights
         if eval_loss is not None:
             self._scores[step] = float(eval_loss)
+        if eval_loss is not None or stale_score is not None:
             self._store_scores()
         self._apply_retention()
         return self.path(step)
+
+    def _replace(self, step: int, args: Any) -> None:
+        """Write ``step`` complete under ``.replacing/``, then swap it with the stale folder.
+
+        With ``renameat2(RENAME_EXCHANGE)`` the swap is one atomic rename; where the
+        filesystem lacks it, the old folder moves aside and the new one in (a crash
+        between the two leaves the new one complete under ``.replacing/``, and
+        :meth:`for_run` moves it into place). No moment exists where a half-written
+        folder carries a step's name. Synchronous: a replacement is rare.
+        """
+        ocp = self._ocp
+        target = self.path(step)
+        logger.warning("replacing checkpoint %s, left by an earlier invocation, with this run's step %d",
+                       target, step)
+        staging = os.path.join(self.directory, REPLACING_DIR)
+        if jax.process_index() == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # leftovers of an interrupted replacement
+        _sync(f"scaletrain_replace_start_{step}")
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=False, create=True,
+                                               cleanup_tmp_directories=False)
+        manager = ocp.CheckpointManager(staging, options=options, item_handlers=_handlers(ocp))
+        try:
+            manager.save(step, args=args, force=True)
+            manager.wait_until_finished()
+        finally:
+            manager.close()
+        if jax.process_index() == 0:
+            new = os.path.join(staging, str(step))
+            if not _exchange(new, target):
+                aside = new + ".old"
+                os.rename(target, aside)
+                os.rename(new, target)
+            shutil.rmtree(staging, ignore_errors=True)
+        _sync(f"scaletrain_replace_done_{step}")
+        self._manager.reload()  # a broken stale folder was not listed; the new one must be
 
     def record_eval(self, step: int, eval_loss: float) -> None:
         """Remember the eval loss of a saved step (for keep-best retention)."""
@@ -152,15 +279,24 @@ class Checkpointer:
 
         The template's shardings decide placement, so a checkpoint saved on one mesh
         restores onto another. Any mismatch raises CheckpointError naming the
-        checkpoint and the first differences; the checkpoint is never modified.
+        checkpoint and the first differences; a missing piece of the state or an
+        unreadable tensor names it and the earlier checkpoints to resume from
+        (:meth:`_damaged`); the checkpoint is never modified. ``data`` is ``{}`` when
+        the checkpoint has no data item (the trainer, which needs it, says so).
         """
         ocp = self._ocp
         where = self.path(step)
         meta = self.read_meta(step)
+        if not os.path.isdir(os.path.join(where, "state")):
+            raise self._damaged(step, "its train state folder state/ (" + ", ".join(STATE_PIECES) + ") is missing")
         try:
             stored = self._manager.item_metadata(step)["state"]
         except Exception as err:  # unreadable or corrupt metadata
-            raise CheckpointError(f"checkpoint {where} is unreadable: {err}") from None
+            raise self._damaged(step, self._unreadable(err)) from None
+        names = set(stored.keys()) if hasattr(stored, "keys") else set()  # orbax's TreeMetadata is a mapping
+        missing = [k for k in STATE_PIECES if k not in names]
+        if missing:
+            raise self._damaged(step, f"its train state lacks {', '.join(missing)} (in {where}/state)")
         want = _flat_shapes(_state_tree(template))
         have = _flat_shapes(stored) if stored is not None else {}
         problems = []
@@ -179,23 +315,54 @@ class Checkpointer:
                 + "; ".join(problems[:5])
             )
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(template))
+        items = {"state": ocp.args.StandardRestore(abstract)}
+        has_data = os.path.isfile(os.path.join(where, "data", "metadata"))
+        if has_data:
+            items["data"] = ocp.args.JsonRestore()
         try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract),
-                    data=ocp.args.JsonRestore(),
-                ),
-            )
+            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as err:
-            raise CheckpointError(f"checkpoint {where} could not be loaded: {type(err).__name__}: {err}") from None
+            raise self._damaged(step, self._unreadable(err)) from None
         tree = restored["state"]
         state = template.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"],
                                  rng=tree["rng"])
-        return state, dict(restored["data"] or {}), meta
+        data = restored["data"] if has_data else None
+        self._current.add(step)  # this folder now holds the state the run continues from
+        return state, dict(data or {}), meta
+
+    @staticmethod
+    def _unreadable(err: BaseException) -> str:
+        tensor = _tensor_named(err)
+        what = f"tensor {tensor}" if tensor else "its train state"
+        return f"cannot read {what} ({type(err).__name__}: {_short_reason(err)})"
+
+    def _damaged(self, step: int, problem: str) -> CheckpointError:
+        """A CheckpointError for an incomplete or unreadable ``step`` that names where to resume instead."""
+        earlier = [s for s in self.all_steps() if s < step]
+        if earlier:
+            hint = (f"resume from an earlier complete checkpoint instead, e.g. "
+                    f"training.resume_from={self.path(earlier[-1])} (earlier checkpoints here: {earlier})")
+        else:
+            hint = "no earlier checkpoint is left here: start again in a new training.output_dir"
+        return CheckpointError(f"checkpoint {self.path(step)} is damaged: {problem}; {hint}")
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Finish pending writes; a write refused for lack of room is a CheckpointError naming the folder."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as err:
+            self._raise_if_no_room(err)
+            raise
+
+    def _raise_if_no_room(self, err: Exception) -> None:
+        reason = no_room(err)
+        if reason is None:
+            return
+        raise CheckpointError(
+            f"{self.directory}: cannot write a checkpoint ({reason}); free space or move training.output_dir, "
+            f"then resume with training.resume_if_possible=true. The complete checkpoints {self.all_steps()} "
+            "are intact; the unfinished one is never picked for resume"
+        ) from err
 
     def close(self) -> None:
         self._manager.wait_until_finished()

@@ -51,7 +51,8 @@ class TensorBoardWriter:
 class WandbWriter:
     """Weights & Biases run (works offline with ``WANDB_MODE=offline``)."""
 
-    def __init__(self, output_dir: str, project: str, config: dict[str, Any]):
+    def __init__(self, output_dir: str, project: str, config: dict[str, Any], entity: str | None = None,
+                 name: str | None = None):
         try:
             import wandb
         except ImportError:
@@ -59,7 +60,8 @@ class WandbWriter:
 
             raise ConfigError("training.report_to includes 'wandb' but wandb is not installed: "
                               "pip install 'scaletrain[wandb]'") from None
-        self._run = wandb.init(project=project, dir=output_dir, config=config, reinit=True)
+        self._run = wandb.init(project=project, entity=entity, name=name, dir=output_dir, config=config,
+                               reinit=True)
 
     def write(self, record: dict[str, Any]) -> None:
         data: dict[str, Any] = _scalars(record)
@@ -106,7 +108,8 @@ class RunWriters:
         if "tensorboard" in a.report_to:
             self._writers.append(TensorBoardWriter(out))
         if "wandb" in a.report_to:
-            self._writers.append(WandbWriter(out, a.wandb_project, a.model_dump(mode="json")))
+            self._writers.append(WandbWriter(out, a.wandb_project, a.model_dump(mode="json"), a.wandb_entity,
+                                              a.wandb_name))
 
     def close(self) -> None:
         for w in self._writers:

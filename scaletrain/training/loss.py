@@ -19,7 +19,7 @@ Array = jax.Array
 class LossSums(NamedTuple):
     loss: Array  # sum of token cross-entropies (nats)
     z_loss: Array  # sum of log(Z)^2 over target tokens
-    correct: Array  # number of targets whose logit is the maximum (argmax up to ties)
+    correct: Array  # number of targets whose logit is strictly greater than every other logit
     tokens: Array  # number of target tokens
 
 
@@ -83,13 +83,18 @@ def token_sums(logits: Array, targets: Array, mask: Array) -> LossSums:
 def token_sums_and_log_z(logits: Array, targets: Array, mask: Array) -> tuple[LossSums, Array]:
     """:func:`token_sums` and the per-token ``log Z`` it computed (the fused loss's gradient needs it).
 
-    A target counts as correct when its logit is the row's maximum (argmax up to
-    exact ties): compared with the max that ``logsumexp`` computes anyway, this
-    saves an argmax pass over the [tokens, vocab] logits (~2% of a CPU step).
+    A target counts as correct only when its logit is *strictly* the largest of its row:
+    it is the maximum and no other entry reaches it. A tie is a wrong prediction, so a
+    collapsed model with uniform logits scores 0, not 1 (``target >= max`` alone did);
+    a row with a NaN scores 0. The "no other entry" test is a boolean ``any`` over the
+    row, the cheapest of the exact rules measured (an argmax or a count cost 1.5-4x more
+    on [4096, 4096] float32 logits on CPU).
     """
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    rival = jnp.any((logits >= target_logit[..., None]) & (vocab != targets[..., None]), axis=-1)
+    correct = ((target_logit >= jnp.max(logits, axis=-1)) & ~rival).astype(jnp.float32)
     sums = LossSums(
         loss=jnp.sum((log_z - target_logit) * mask),
         z_loss=jnp.sum(jnp.square(log_z) * mask),

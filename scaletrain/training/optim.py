@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -69,8 +70,36 @@ def in_float32(inner: optax.GradientTransformation) -> optax.GradientTransformat
     return optax.GradientTransformation(init, update)
 
 
+def parameter_path(path: tuple[Any, ...]) -> str:
+    """A parameter's path as ``frozen_parameters`` matches it: ``model/layers/0/self_attn/q_proj/kernel``."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def frozen_mask(pattern: str) -> Any:
+    """``params -> tree of bools``: True where the parameter's path matches ``pattern`` (``re.search``)."""
+    regex = re.compile(pattern)
+
+    def mask(params: Any) -> Any:
+        return jax.tree_util.tree_map_with_path(lambda path, _: bool(regex.search(parameter_path(path))), params)
+
+    return mask
+
+
+def freeze(inner: optax.GradientTransformation, pattern: str) -> optax.GradientTransformation:
+    """``inner`` with the parameters matching ``pattern`` left untouched (EasyDeL's ``frozen_parameters``).
+
+    Their gradients are zeroed before ``inner`` (so gradient clipping's global norm and
+    the moments see only trained parameters) and their updates after it (so weight
+    decay does not move them either). The optimizer state keeps its structure's leaves
+    (the frozen moments stay zero), so shardings and checkpoints work unchanged.
+    """
+    zero = optax.masked(optax.set_to_zero(), frozen_mask(pattern))
+    return optax.chain(zero, inner, zero)
+
+
 def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.GradientTransformation:
-    """Gradient clipping (if set) followed by the chosen optimizer, in float32 (:func:`in_float32`)."""
+    """Gradient clipping (if set) followed by the chosen optimizer, in float32 (:func:`in_float32`),
+    leaving ``frozen_parameters`` untouched (:func:`freeze`)."""
     if args.optimizer == "adamw":
         opt = optax.adamw(schedule, b1=args.beta1, b2=args.beta2, eps=args.epsilon,
                           weight_decay=args.weight_decay, mask=_decay_mask)
@@ -87,4 +116,6 @@ def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.G
         )
     if args.clip_grad:
         opt = optax.chain(optax.clip_by_global_norm(args.clip_grad), opt)
+    if args.frozen_parameters:
+        opt = freeze(opt, args.frozen_parameters)
     return in_float32(opt)

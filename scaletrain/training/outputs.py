@@ -69,12 +69,19 @@ def format_plan(arguments: Any, *, model_config: Any, num_params: int, param_dty
 
 
 def summary_record(arguments: Any, *, final_step: int, stop_reason: str | None, last_train: dict[str, Any],
-                   last_eval: dict[str, Any], steady: dict[str, float], **facts: Any) -> dict[str, Any]:
-    """``summary.json``'s content: final losses, steady throughput (else the last logged) and ``facts``."""
+                   last_eval: dict[str, Any], steady: dict[str, float], final_loss: tuple[int, float] | None = None,
+                   **facts: Any) -> dict[str, Any]:
+    """``summary.json``'s content: final losses, steady throughput (else the last logged) and ``facts``.
+
+    ``final_loss`` is ``(step, loss)`` of the last step trained; without it the last
+    logged loss stands in. ``final_train_loss_step`` says which step the loss is from.
+    """
+    loss_step, loss = final_loss if final_loss is not None else (last_train.get("step"), last_train.get("loss"))
     return {
         "final_step": final_step,
         "stop_reason": stop_reason,
-        "final_train_loss": last_train.get("loss"),
+        "final_train_loss": loss,
+        "final_train_loss_step": loss_step,
         "final_eval_loss": last_eval.get("eval_loss"),
         "final_eval_accuracy": last_eval.get("eval_accuracy"),
         "final_eval_bits_per_byte": last_eval.get("eval_bits_per_byte"),

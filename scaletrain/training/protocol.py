@@ -17,46 +17,145 @@ from typing import Any, NamedTuple, Protocol
 
 
 class TrainerOutput(NamedTuple):
-    """What ``train()`` returns: final state, mesh, and where the last checkpoint went."""
+    """What ``train()`` returns: final state, mesh, and where the last checkpoint went.
+
+    It pickles (Ray returns it from a remote ``train()``, seed 001's worker example):
+    the state's arrays travel as numpy arrays on the host, in the state's own class
+    (a custom ``state_class`` stays itself, ``graphdef`` and all), and the mesh, whose
+    devices belong to the sending process, travels as a ``jax.sharding.AbstractMesh``
+    with the same axis names and sizes. The receiver needs no devices to read it; to
+    train on, pass ``output.state`` back as ``model_state=`` / ``state=`` and the
+    trainer places it on its own mesh. A state split over several processes cannot
+    be pickled from one of them (each holds only its shards): gather it first.
+    """
 
     state: Any
     mesh: Any
     checkpoint_path: str | None
     last_save_file_name: str | None
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        import jax
 
-class TrainerConfigureFunctionOutput(NamedTuple):
+        mesh = self.mesh.abstract_mesh if isinstance(self.mesh, jax.sharding.Mesh) else self.mesh
+        state = jax.tree.map(_host_leaf, self.state)
+        return TrainerOutput, (state, mesh, self.checkpoint_path, self.last_save_file_name)
+
+
+def _host_leaf(x: Any) -> Any:
+    """A device array as a numpy array (no collective: refused for arrays split over processes)."""
+    import jax
+
+    if not isinstance(x, jax.Array):
+        return x
+    if not (x.is_fully_addressable or x.is_fully_replicated):
+        raise TypeError(
+            "cannot pickle a TrainerOutput whose state is split over several processes; gather it on every "
+            "process first (jax.tree.map(scaletrain.parallel.host.to_host, output.state)) and pickle that"
+        )
+    from scaletrain.parallel.host import to_host
+
+    return to_host(x)
+
+
+class _FunctionFields(NamedTuple):
     sharded_training_step_function: Callable
     sharded_evaluation_step_function: Callable
-    mesh: Any
-    checkpoint_manager: Any
+    mesh: Any = None
+    checkpoint_manager: Any = None
+
+
+class TrainerConfigureFunctionOutput(_FunctionFields):
+    """The jitted steps, the mesh and the checkpoint manager.
+
+    Both spellings of the seeds work, in the constructor and as attributes: EasyDeL's
+    ``Trainer`` (seed 002) names the steps ``sharded_training_step_function`` /
+    ``sharded_evaluation_step_function``, the protocol's documentation (seed 003)
+    ``train_step_fn`` / ``eval_step_fn``, and builds it from those two alone.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        sharded_training_step_function: Callable | None = None,
+        sharded_evaluation_step_function: Callable | None = None,
+        mesh: Any = None,
+        checkpoint_manager: Any = None,
+        *,
+        train_step_fn: Callable | None = None,
+        eval_step_fn: Callable | None = None,
+    ) -> TrainerConfigureFunctionOutput:
+        train = _one_of("sharded_training_step_function", sharded_training_step_function,
+                        "train_step_fn", train_step_fn)
+        evaluate = _one_of("sharded_evaluation_step_function", sharded_evaluation_step_function,
+                           "eval_step_fn", eval_step_fn)
+        return super().__new__(cls, train, evaluate, mesh, checkpoint_manager)
+
+    @property
+    def train_step_fn(self) -> Callable:
+        return self.sharded_training_step_function
+
+    @property
+    def eval_step_fn(self) -> Callable:
+        return self.sharded_evaluation_step_function
+
+
+def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    if value is not None and alias_value is not None and value is not alias_value:
+        raise TypeError(f"give {name} or {alias} (the same function under two names), not two different ones")
+    return value if value is not None else alias_value
 
 
 class TrainerConfigureModelOutput(NamedTuple):
+    """Seed 003 builds it from ``model`` and ``state`` alone; ``Trainer`` also returns its optimizer and schedule."""
+
     model: Any
     state: Any
-    optimizer: Any
-    scheduler: Any
+    optimizer: Any = None
+    scheduler: Any = None
 
 
 class TrainerConfigureDataloaderOutput(NamedTuple):
+    """Seed 003 builds it from the two loaders alone; ``Trainer`` also returns its step horizons."""
+
     dataloader_train: Any
-    dataloader_eval: Any
-    max_training_steps: int
-    max_evaluation_steps: int | None
+    dataloader_eval: Any = None
+    max_training_steps: int | None = None
+    max_evaluation_steps: int | None = None
 
 
 class BaseTrainerProtocol(abc.ABC):
-    """Methods and properties of a trainer (names from EasyDeL's protocol)."""
+    """Methods and properties of a trainer (names from EasyDeL's protocol, seed 003).
+
+    The methods are abstract. The required properties are declared as annotations, not
+    abstract properties: seed 003's skeleton assigns them in ``__init__``
+    (``self.arguments = arguments``), which an abstract read-only property would
+    refuse; ``BaseTrainer`` provides them as read-only properties.
+    ``train(model_parameters=None, state=None)`` takes seed 003's two optional
+    starting points; what it returns is seed 002's ``TrainerOutput`` (its ``state``
+    is what seed 003's ``train`` returns).
+    """
+
+    arguments: Any
+    dataset_train: Any
+    dataset_eval: Any
+    model: Any
+    model_state: Any
+    dtype: Any
+    param_dtype: Any
+    scheduler: Any
+    optimizer: Any
 
     @abc.abstractmethod
-    def train(self) -> TrainerOutput: ...
+    def train(self, model_parameters: Any = None, state: Any = None) -> TrainerOutput: ...
 
     @abc.abstractmethod
     def evaluate(self, state: Any = None, metric_calculator: Callable | None = None) -> dict[str, float]: ...
 
-    @abc.abstractmethod
-    def eval(self, model_state: Any) -> Iterator[dict[str, float]]: ...
+    def eval(self, model_state: Any) -> Iterator[dict[str, float]]:
+        """Running metrics per eval batch: seed 002's ``Trainer`` has it, seed 003 does not require it."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement eval(); use evaluate()")
 
     @abc.abstractmethod
     def save_pretrained(self, ckpt_path: str, state: Any = None) -> str: ...
@@ -69,42 +168,6 @@ class BaseTrainerProtocol(abc.ABC):
 
     @abc.abstractmethod
     def configure_functions(self) -> TrainerConfigureFunctionOutput: ...
-
-    @property
-    @abc.abstractmethod
-    def arguments(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def dataset_train(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def dataset_eval(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def model(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def model_state(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def dtype(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def param_dtype(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def scheduler(self) -> Any: ...
-
-    @property
-    @abc.abstractmethod
-    def optimizer(self) -> Any: ...
 
 
 class TrainerView(Protocol):

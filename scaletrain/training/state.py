@@ -7,6 +7,7 @@ module with ``state.model``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -59,6 +60,43 @@ def create_train_state(
     return TrainState(step=step, params=params, opt_state=opt_state, rng=rng, graphdef=graphdef)
 
 
+def adopt_state(given: TrainState, built: TrainState) -> TrainState:
+    """``built`` (placed on the trainer's mesh) in ``given``'s class, with ``given``'s step, RNG and extras.
+
+    A ``state_class`` given to ``RayDistributedTrainer`` (a subclass of TrainState with
+    fields and methods of its own) must be what the trainer trains and returns, so the
+    trainer keeps the class: the core fields come from ``built`` (or, for step, RNG and
+    a matching optimizer state, from ``given``, placed like ``built``'s), extra pytree
+    fields from ``given``, placed replicated on the mesh unless already on it (the
+    jitted step needs a sharding for every leaf). Extra fields go through the step
+    unchanged; a step or callback of the user's may replace them.
+    """
+    mesh = jax.tree.leaves(built.params)[0].sharding.mesh
+    replicated = NamedSharding(mesh, PartitionSpec())
+    same_opt = jax.tree.structure(given.opt_state) == jax.tree.structure(built.opt_state)
+    core = {
+        "step": jax.device_put(given.step, built.step.sharding),
+        "params": built.params,
+        "opt_state": jax.device_put(given.opt_state, state_shardings(built.opt_state)) if same_opt
+        else built.opt_state,
+        "rng": jax.device_put(given.rng, built.rng.sharding),
+        "graphdef": built.graphdef,
+    }
+    extra = {}
+    for field in dataclasses.fields(given):
+        if field.name in core:
+            continue
+        value = getattr(given, field.name)
+        if field.metadata.get("pytree_node", True):
+            value = jax.tree.map(lambda x: x if _on_mesh(x, mesh) else jax.device_put(x, replicated), value)
+        extra[field.name] = value
+    return type(given)(**core, **extra)
+
+
+def _on_mesh(x: Any, mesh: Mesh) -> bool:
+    return isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+
+
 def optimizer_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
     """The shardings of ``tx.init(params)``: each moment its parameter's, everything else replicated.
 
@@ -95,8 +133,8 @@ def abstract_train_state(graphdef: Any, params: Any, tx: optax.GradientTransform
                       opt_state=opt_state, rng=sds(rng, replicated), graphdef=graphdef)
 
 
-def state_shardings(state: TrainState) -> TrainState:
-    """A TrainState whose leaves are the shardings of ``state``'s arrays."""
+def state_shardings(state: Any) -> Any:
+    """A TrainState (or any pytree) whose leaves are the shardings of ``state``'s arrays."""
     return jax.tree.map(lambda x: x.sharding, state)
 
 

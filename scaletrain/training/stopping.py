@@ -20,6 +20,37 @@ from scaletrain.training.protocol import TrainerView
 
 logger = logging.getLogger("scaletrain")
 
+# Stops forwarded to this process from outside its main thread (e.g. the Ray driver's
+# SIGTERM, relayed by the launcher): a Ray worker runs the loop in a thread that may not
+# install signal handlers, so the relay calls forward_signal instead. Process-wide, like
+# the signals themselves; cleared when a training starts.
+_forwarded: list[str] = []
+
+
+def forward_signal(description: str) -> None:
+    """Stop the running training as if this process had received a signal (any thread).
+
+    ``description`` goes into the stop reason (``"SIGTERM sent to the Ray driver"``).
+    In a multi-process run the stop is agreed like a signal: every process stops
+    after the same log step, with a checkpoint.
+    """
+    if description not in _forwarded:
+        _forwarded.append(description)
+
+
+def _preemption_notice(step: int) -> bool:
+    """Whether JAX's preemption service has seen a SIGTERM on any process (multi-process runs).
+
+    Why: ``jax.distributed.initialize`` installs JAX's preemption notifier, which takes
+    SIGTERM before any Python handler could (and a Ray worker's loop thread may not
+    install one at all). The notice reaches every process through the coordination
+    service; JAX names the step at which all have it, which must be asked at every step.
+    """
+    from jax._src import distributed
+
+    manager = distributed.global_state.preemption_sync_manager
+    return manager is not None and bool(manager.reached_sync_point(step))
+
 
 class NonFiniteLossError(ScaletrainError):
     """A step produced a non-finite loss or gradient and ``break_on_nan`` is set."""
@@ -34,6 +65,7 @@ class StoppingRules(Callback):
 
     def pre_train(self, trainer: TrainerView, state: Any) -> None:
         self._signal = None
+        _forwarded.clear()
         self._deadline = (
             None if trainer.arguments.time_limit_seconds is None
             else time.monotonic() + trainer.arguments.time_limit_seconds
@@ -49,8 +81,8 @@ class StoppingRules(Callback):
         self._signal = signal.Signals(signum).name
 
     def post_train(self, trainer: TrainerView, state: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in self._previous.items():  # None: the handler was set outside Python (JAX's)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
 
     def post_step(self, trainer: TrainerView, step: int, metrics: StepOutput) -> None:
@@ -68,6 +100,8 @@ class StoppingRules(Callback):
             if a.exit_iteration_this_run is not None and step - trainer.start_step >= a.exit_iteration_this_run:
                 trainer.request_stop(f"reached exit_iteration_this_run {a.exit_iteration_this_run} (step {step})")
                 return
+        if multi and self._signal is None and _preemption_notice(step):
+            self._signal = "SIGTERM (JAX preemption notice)"
         code = self._local_code(trainer)
         if multi:
             # Signals, the kill switch and the clock are seen by each process on its own; all
@@ -89,6 +123,8 @@ class StoppingRules(Callback):
     def _local_code(self, trainer: TrainerView) -> int:
         """What this process sees: 1 a signal, 2 the kill switch, 3 the time limit, 0 nothing."""
         a = trainer.arguments
+        if self._signal is None and _forwarded:
+            self._signal = _forwarded[0]
         if self._signal is not None:
             return 1
         if a.kill_switch_path and os.path.exists(a.kill_switch_path):

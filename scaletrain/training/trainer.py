@@ -33,9 +33,23 @@ logger = logging.getLogger("scaletrain")
 class Trainer(BaseTrainer):
     """Causal-LM trainer: ``train()``, ``evaluate()``, ``eval()`` and ``save_pretrained()``."""
 
-    def train(self) -> TrainerOutput:
+    def train(self, model_parameters: Any = None, state: TrainState | None = None) -> TrainerOutput:
+        """Resume if the policy says so, step until a stop rule fires, save, evaluate, summarise.
+
+        ``model_parameters`` / ``state`` (seed 003's protocol) replace the starting
+        parameters / state built at init (:meth:`starting_state`). ``output_dir``'s lock
+        is held throughout (taken again if an earlier ``train()`` let go of it) and
+        released however the run ends.
+        """
+        self.hold_run_lock()
+        try:
+            return self._train(self.starting_state(state, model_parameters))
+        finally:
+            self.release_run_lock()
+
+    def _train(self, start: TrainState) -> TrainerOutput:
         args = self.arguments
-        state = self.maybe_resume(self._model_state)
+        state = self.maybe_resume(start)
         self.global_step = self.start_step = int(jax.device_get(state.step))
         self.current_state = state
         self.start_time = time.perf_counter()
@@ -85,6 +99,7 @@ class Trainer(BaseTrainer):
         """
         epoch = None
         self._consumed_data_state = None
+        self._last_step_output: tuple[int, StepOutput] | None = None
         with jax.set_mesh(self._mesh):
             ahead = self._fetch_batch() if self.stop_reason is None else None
             while self.stop_reason is None:
@@ -107,7 +122,8 @@ class Trainer(BaseTrainer):
                 state, metrics = self.on_step_end(state, metrics, step)
                 self.global_step = step
                 self.current_state = state
-                self.fire("post_step", step, StepOutput(metrics))
+                self._last_step_output = (step, StepOutput(metrics))  # kept on device for the summary
+                self.fire("post_step", step, self._last_step_output[1])
             if epoch is not None:
                 self.fire("post_epoch", epoch)
         return state
@@ -158,11 +174,29 @@ class Trainer(BaseTrainer):
 
     # ---- outputs ---------------------------------------------------------------------
     def save_pretrained(self, ckpt_path: str, state: TrainState | None = None) -> str:
-        """Write a Hugging Face folder (config.json + safetensors) for ``state``."""
-        from scaletrain.models.hf import save_hf_checkpoint
+        """Save ``state`` (default: the current one) so it can be used and trained on (seed 003); returns ``ckpt_path``.
 
-        state = state if state is not None else self.current_state
-        return save_hf_checkpoint(state.model, ckpt_path, tokenizer=self.tokenizer)
+        ``ckpt_path`` becomes a Hugging Face folder (config.json, safetensors, the
+        tokenizer) that transformers loads, and ``ckpt_path/checkpoints/<step>`` holds
+        the full train state in our checkpoint format: parameters, optimizer state,
+        step and RNG, with the arguments, model config and (for the current state) the
+        data position, so ``resume_from=ckpt_path`` continues it and ``scaletrain
+        export`` / ``bucket_path`` read it. A previous save_pretrained at the same path
+        is replaced; any other non-empty folder is refused.
+        """
+        from scaletrain.models.hf import save_hf_checkpoint
+        from scaletrain.training.checkpoint import CHECKPOINT_DIR, Checkpointer
+
+        current = state is None or state is self.current_state
+        state = self.current_state if state is None else state
+        path = save_hf_checkpoint(state.model, ckpt_path, tokenizer=self.tokenizer)
+        saver = Checkpointer(os.path.join(path, CHECKPOINT_DIR), async_save=False)
+        try:
+            data = {"train": self.consumed_data_state()} if current else {}
+            saver.save(int(jax.device_get(state.step)), state, data, self.checkpoint_metadata(state))
+        finally:
+            saver.close()
+        return path
 
     def print_plan(self) -> None:
         """Log the resolved run plan: nothing that shapes the schedule stays hidden."""
@@ -174,6 +208,16 @@ class Trainer(BaseTrainer):
                 num_epochs=self.num_epochs,
             ))
 
+    def _final_loss(self) -> tuple[int, float] | None:
+        """``(step, loss)`` of the last step this invocation trained, or None if it trained none.
+
+        A stop between log steps (a signal, the kill switch) ends after a step that was
+        never logged; its metrics are still on the device, so one small fetch gives the
+        summary the loss of the step it reports as ``final_step``.
+        """
+        last = getattr(self, "_last_step_output", None)
+        return None if last is None else (last[0], last[1].host()["loss"])
+
     def write_summary(self, state: TrainState) -> dict[str, Any]:
         """``summary.json``: final losses, steady throughput, MFU and the parameter digest."""
         summary = summary_record(
@@ -181,6 +225,7 @@ class Trainer(BaseTrainer):
             final_step=self.global_step,
             stop_reason=self.stop_reason,
             last_train=self.metrics_logger.last_train,
+            final_loss=self._final_loss(),
             last_eval=self.metrics_logger.last_eval,
             steady=self.metrics_logger.steady_throughput(),
             max_training_steps=self.max_training_steps,

@@ -1,0 +1,87 @@
+"""The keys of a config: unknown names get a "did you mean", refused names their reason.
+
+Why one module at the bottom layer: ``PartitionAxis`` (parallel/), ``TrainingArguments``
+(arguments.py) and the model configs all accept other tools' names (EasyDeL, eformer,
+Hugging Face) and must report the rest alike. A problem is raised as a pydantic
+``ValidationError`` located at the key, so a nested config (a recipe's ``training``
+section) reports its whole path (``training.max_steps``); direct construction turns it
+into :class:`InvalidConfig` with :func:`format_validation_error`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from scaletrain.errors import ConfigError
+
+# error type of the problems built here: printed as written, without the offending value
+KEY_ERROR = "config_key"
+
+
+class InvalidConfig(ConfigError, ValueError):
+    """A config object was built with a bad key or value.
+
+    A ``ConfigError`` (the CLI prints it as one line, docs/api.md promises it) and a
+    ``ValueError`` like pydantic's ``ValidationError`` it replaces, so callers that
+    caught that keep working.
+    """
+
+
+def did_you_mean(key: str, valid: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the close matches of ``key`` in ``valid`` ('' if none)."""
+    close = difflib.get_close_matches(key, sorted(valid), n=3, cutoff=0.6)
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
+
+
+def unknown_key_message(key: str, valid: Iterable[str], list_valid: bool = True) -> str:
+    """``unknown key; did you mean …`` and, if asked or nothing is close, the valid names."""
+    valid = sorted(valid)
+    hint = did_you_mean(key, valid)
+    listing = f" (valid keys: {', '.join(valid)})" if list_valid or not hint else ""
+    return f"unknown key{hint}{listing}"
+
+
+def key_errors(title: str, problems: list[tuple[str, str, Any]],
+               others: ValidationError | None = None) -> ValidationError:
+    """A ``ValidationError`` with one ``(key, message, value)`` problem per line, each located at its key.
+
+    Raised from a ``mode="before"`` model validator, pydantic keeps the locations (and
+    prefixes the outer ones when the model is nested). ``others``: the errors of the
+    remaining keys, reported alongside so one run shows every problem.
+    """
+    details = [
+        InitErrorDetails(type=PydanticCustomError(KEY_ERROR, "{message}", {"message": message}),
+                         loc=(key,), input=value)
+        for key, message, value in problems
+    ]
+    for e in others.errors() if others is not None else ():
+        details.append(InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": e["msg"]}),
+                                        loc=e["loc"], input=e.get("input")))
+    return ValidationError.from_exception_data(title, details)
+
+
+def format_validation_error(err: ValidationError, where: str) -> str:
+    """One line per problem: ``where.key: what is wrong (got value)``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        key = ".".join(x for x in (where, loc) if x) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        got = e.get("input")
+        quiet = e["type"] in ("extra_forbidden", "missing", KEY_ERROR) or isinstance(got, dict)
+        shown = "" if quiet else f" (got {got!r})"
+        # a nested validator already named the full key path: don't repeat it
+        lines.append(f"{msg}{shown}" if msg.startswith(f"{key}.") else f"{key}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def raise_invalid(err: ValidationError, where: str) -> None:
+    """Re-raise pydantic's error as :class:`InvalidConfig` (one line per problem, no traceback chain)."""
+    raise InvalidConfig(format_validation_error(err, where)) from None

@@ -1,0 +1,121 @@
+"""EasyDeL's names for the attention kernel and the remat policy, and what each runs here.
+
+Why: an EasyDeL config says ``attn_mechanism=AttentionMechanisms.FLASH_ATTN2`` or
+``gradient_checkpointing=EasyDeLGradientCheckPointers.NOTHING_SAVEABLE``. Each name we
+can honour is mapped onto the implementation that does the same job here; every other
+name is refused with the accepted list, never silently run as something else.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class AttentionMechanisms(str, enum.Enum):
+    """EasyDeL's attention implementations (member names and values as EasyDeL spells them).
+
+    Accepted: ``AUTO``, ``SDPA``, the flash family (``FLASH``, ``FLASH_ATTN2``,
+    ``CUDA_FLASH_ATTN2``) → cuDNN's fused flash kernel where it applies (GPU, bf16/fp16),
+    einsum elsewhere; ``CUDNN`` → always fused; ``VANILLA`` and ``BLOCKWISE`` → einsum
+    with float32 softmax over causal query blocks. The rest are refused (:data:`REFUSED_ATTENTION`).
+    """
+
+    AUTO = "auto"
+    FLASH = "flash"
+    FLASH_ATTN2 = "flash_attn2"
+    CUDA_FLASH_ATTN2 = "cuda_flash_attn2"
+    SDPA = "sdpa"
+    CUDNN = "cudnn"
+    VANILLA = "vanilla"
+    BLOCKWISE = "blockwise"
+    RING = "ring"
+    SPLASH = "splash"
+    BLOCKSPARSE = "blocksparse"
+    RAGGED_PAGE_ATTENTION_V2 = "ragged_page_attention_v2"
+    RAGGED_PAGE_ATTENTION_V3 = "ragged_page_attention_v3"
+    PAGED_ATTENTION = "page_attention"
+    REGRESSIVE_DECODE = "autoregressive_decodeattn"
+
+
+class EasyDeLGradientCheckPointers(str, enum.Enum):
+    """EasyDeL's remat policies (member names and values as EasyDeL spells them; ``NONE`` is ``""``).
+
+    Accepted: ``NONE`` and ``EVERYTHING_SAVEABLE`` (saving everything is no remat) →
+    ``none``; ``NOTHING_SAVEABLE`` → ``full``; ``CHECKPOINT_DOTS``/``DOTS_SAVEABLE`` →
+    ``dots``; ``CHECKPOINT_DOTS_WITH_NO_BATCH_DMIS``/``DOTS_WITH_NO_BATCH_DIMS_AVAILABLE``
+    → ``dots_with_no_batch_dims``; ``SELECTIVE`` → ``dots_with_no_batch_dims`` (selective
+    recomputation: keep the projections' outputs, recompute the attention scores). The
+    name-list policies are refused: they need EasyDeL's checkpoint names.
+    """
+
+    NONE = ""
+    EVERYTHING_SAVEABLE = "everything_saveable"
+    NOTHING_SAVEABLE = "nothing_saveable"
+    CHECKPOINT_DOTS = "checkpoint_dots"
+    CHECKPOINT_DOTS_WITH_NO_BATCH_DMIS = "checkpoint_dots_with_no_batch_dims"
+    DOTS_SAVEABLE = "dots_saveable"
+    DOTS_WITH_NO_BATCH_DIMS_AVAILABLE = "dots_with_no_batch_dims_saveable"
+    SELECTIVE = "selective"
+    SAVE_ANYTHING_EXCEPT_THESE_NAMES = "save_anything_except_these_names"
+    SAVE_ANY_NAMES_BUT_THESE = "save_any_names_but_these"
+    SAVE_ONLY_THESE_NAMES = "save_only_these_names"
+    SAVE_FROM_BOTH_POLICIES = "save_from_both_policies"
+    ATTN_NOTSAVEABLE = "attn_notsaveable"
+    MLP_NOTSAVEABLE = "mlp_notsaveable"
+    MLP_ATTN_NOTSAVEABLE = "mlp_attn_notsaveable"
+
+
+# accepted attn_mechanism value -> the value models/attention.py runs ("auto"/"sdpa": fused
+# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum)
+ATTENTION: dict[str, str] = {
+    "auto": "auto", "sdpa": "sdpa", "flash": "auto", "flash_attn2": "auto", "cuda_flash_attn2": "auto",
+    "cudnn": "cudnn", "xla": "xla", "vanilla": "vanilla", "blockwise": "vanilla",
+}
+REFUSED_ATTENTION: dict[str, str] = {
+    "ring": "ring attention is not implemented; with the sequence split over sp, einsum attention gathers keys",
+    "splash": "splash attention is a TPU Pallas kernel we do not ship",
+    "blocksparse": "block-sparse (splash) attention is a TPU Pallas kernel we do not ship",
+    "ragged_page_attention_v2": "paged attention is for inference servers",
+    "ragged_page_attention_v3": "paged attention is for inference servers",
+    "page_attention": "paged attention is for inference servers",
+    "autoregressive_decodeattn": "a decoding-only kernel; generation here uses the einsum path",
+}
+
+# accepted gradient_checkpointing value -> the policy models/llama.py applies
+REMAT: dict[str, str] = {
+    "none": "none", "full": "full", "dots": "dots", "dots_with_no_batch_dims": "dots_with_no_batch_dims",
+    "save_attention": "save_attention",
+    "": "none", "everything_saveable": "none", "nothing_saveable": "full", "checkpoint_dots": "dots",
+    "dots_saveable": "dots", "checkpoint_dots_with_no_batch_dims": "dots_with_no_batch_dims",
+    "dots_with_no_batch_dims_saveable": "dots_with_no_batch_dims", "selective": "dots_with_no_batch_dims",
+}
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention")
+
+
+def _text(value: Any) -> str:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def attention_implementation(value: Any) -> str:
+    """The ``attn_mechanism`` we run for ``value`` (a name or an :class:`AttentionMechanisms`); ValueError otherwise."""
+    name = _text(value)
+    if isinstance(name, str) and name.lower() in ATTENTION:
+        return ATTENTION[name.lower()]
+    reason = REFUSED_ATTENTION.get(name.lower(), "unknown") if isinstance(name, str) else "not a name"
+    raise ValueError(f"{name!r} is not supported here ({reason}); use one of {sorted(ATTENTION)}")
+
+
+def remat_policy(value: Any) -> str:
+    """The remat policy we apply for ``value`` (a name, an :class:`EasyDeLGradientCheckPointers`,
+    True = full, None/False = none); ValueError otherwise."""
+    if value is None or value is False:
+        return "none"
+    if value is True:
+        return "full"
+    name = _text(value)
+    if isinstance(name, str) and name.lower() in REMAT:
+        return REMAT[name.lower()]
+    shown = sorted(k for k in REMAT if k)
+    raise ValueError(f"{name!r} is not supported here; use one of {shown} ('' = none; EasyDeL's "
+                     "name-list policies need its checkpoint names, which these models do not define)")

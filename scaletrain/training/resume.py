@@ -1,0 +1,46 @@
+"""Checks a resume makes after the train state is back: the data position, and what lies ahead.
+
+The train state alone does not make a resume exact: the data iterator must continue
+at the batch after the last one the state consumed. A checkpoint without that
+position would silently train on other batches, so it is an error here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from scaletrain.errors import CheckpointError
+
+logger = logging.getLogger("scaletrain")
+
+
+def restore_data_position(iterator: Any, where: str, data_state: dict[str, Any]) -> None:
+    """Put ``iterator`` where checkpoint ``where`` says; a missing or unusable position is a CheckpointError."""
+    source = f"{where}/data/metadata"
+    if "train" not in data_state:
+        raise CheckpointError(
+            f"checkpoint {where} is incomplete: {source} lacks the training data position ('train'); "
+            "resume from another checkpoint with training.resume_from=PATH"
+        )
+    try:
+        iterator.set_state(data_state["train"])
+    except Exception as err:  # grain's own error for a position that does not fit this iterator
+        raise CheckpointError(
+            f"checkpoint {where}: the training data position in {source} ({data_state['train']!r}) does not "
+            f"fit this data loader ({type(err).__name__}: {err})"
+        ) from None
+
+
+def warn_about_later_checkpoints(directory: str, steps: list[int], step: int) -> None:
+    """Say so when a run goes back to ``step`` while its folder holds later checkpoints.
+
+    They belong to an earlier invocation's future; this run replaces each one it
+    reaches (``Checkpointer.save``) and leaves the others, which a later
+    ``resume_if_possible`` would pick as the newest.
+    """
+    later = [s for s in steps if s > step]
+    if later:
+        logger.warning("resuming from step %d while %s holds later checkpoints %s of an earlier invocation: this "
+                       "run replaces each one it reaches; the others stay, and resume_if_possible would pick the "
+                       "newest", step, directory, later)

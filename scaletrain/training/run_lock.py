@@ -1,0 +1,220 @@
+"""One run per ``output_dir``: an exclusive lock taken before anything is written there.
+
+Why: two runs started on one folder both trained, interleaved ``metrics.jsonl`` and
+crashed at the final save, losing a checkpoint. The second run must refuse at start-up.
+
+How: ``<output_dir>/.scaletrain.lock`` is held open with ``fcntl.flock`` for the run's
+lifetime. The kernel drops a flock when its holder dies, ``kill -9`` included, so a
+crashed run never leaves the folder locked on its host. The file also records the owner
+(pid, host, start time, and the process's start tick from ``/proc``) so the refusal can
+name it, and so that where flock does not reach (a filesystem without it, or one whose
+locks are local to each client host), a record left by a live process on this host still
+refuses, and one left by a dead process (or a recycled pid) is taken over.
+
+A process may take the lock on the same folder more than once (``run_training`` and the
+``Trainer`` it builds both do); it is released when the last holder lets go. With several
+JAX processes only process 0 takes it: the others write into the folder on its behalf.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from scaletrain.errors import ConfigError
+
+logger = logging.getLogger("scaletrain")
+
+LOCK_FILE = ".scaletrain.lock"
+
+_held: dict[str, tuple[RunLock, int]] = {}  # real path of output_dir -> (lock, holders in this process)
+_registry = threading.Lock()
+
+
+def process_start_tick(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None.
+
+    A pid can be reused after its process died; the pair (pid, start tick) cannot.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces: split after its last ')'
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def owner_alive(record: dict[str, Any]) -> bool | None:
+    """Is the process a lock record names still running? None when it is on another host (unknowable)."""
+    if record.get("host") != socket.gethostname():
+        return None
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, under another user
+    tick = process_start_tick(pid)
+    return record.get("start_tick") is None or tick is None or tick == record["start_tick"]
+
+
+def describe_owner(record: dict[str, Any]) -> str:
+    if not record:
+        return "another process (its record is being written)"
+    started = record.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"pid {record.get('pid')} on host {record.get('host')}, started {when}"
+
+
+class RunLock:
+    """The lock file of one ``output_dir``; use :func:`acquire_run_lock` rather than this class."""
+
+    def __init__(self, output_dir: str):
+        self.output_dir = os.path.abspath(output_dir)
+        self.path = os.path.join(self.output_dir, LOCK_FILE)
+        self.token = uuid.uuid4().hex
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        prepare_output_dir(self.output_dir)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"training.output_dir {self.output_dir}: cannot create {LOCK_FILE} there "
+                              f"({e.strerror}); make the folder writable or choose another output_dir") from None
+        try:
+            self._lock_or_refuse(fd)
+            self._write_record(fd, released=False)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def _lock_or_refuse(self, fd: int) -> None:
+        import fcntl
+
+        flocked = True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._refuse(_read_record(fd))
+        except OSError as e:  # ENOLCK, EOPNOTSUPP...: the filesystem has no flock; fall back on the record
+            flocked = False
+            logger.warning("%s: the filesystem does not support file locks (%s); relying on the owner record",
+                           self.path, e.strerror)
+        record = _read_record(fd)
+        if not record or record.get("released"):
+            return
+        alive = owner_alive(record)
+        if alive:  # only possible without a working flock: a live owner on this host
+            self._refuse(record)
+        elif alive is None and not flocked:
+            raise ConfigError(
+                f"training.output_dir {self.output_dir} is locked by {describe_owner(record)} and this "
+                f"filesystem cannot tell whether that run is still going; if it is not, delete {self.path}"
+            )
+        elif alive is None:
+            logger.warning("%s: taking over a lock that %s did not release (a run that crashed, or one still "
+                           "going on a filesystem whose locks do not reach across hosts)",
+                           self.path, describe_owner(record))
+        else:
+            logger.info("%s: taking over the lock of %s, which is no longer running", self.path,
+                        describe_owner(record))
+
+    def _refuse(self, record: dict[str, Any]) -> None:
+        raise ConfigError(
+            f"training.output_dir {self.output_dir} is in use by another run ({describe_owner(record)}); "
+            "wait for it to finish, stop it, or choose another training.output_dir"
+        )
+
+    def _write_record(self, fd: int, *, released: bool) -> None:
+        pid = os.getpid()
+        record = {"pid": pid, "host": socket.gethostname(), "started": time.time(),
+                  "start_tick": process_start_tick(pid), "token": self.token, "released": released}
+        data = json.dumps(record).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+
+    def release(self) -> None:
+        """Mark the record released and drop the flock (closing the file drops it too)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            self._write_record(fd, released=True)
+        except OSError:
+            pass  # the record only names owners; the flock below is what matters
+        finally:
+            os.close(fd)
+
+
+def _read_record(fd: int) -> dict[str, Any]:
+    try:
+        data = os.pread(fd, 4096, 0)
+        record = json.loads(data) if data.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def prepare_output_dir(output_dir: str) -> None:
+    """Create ``output_dir``, or say in one line why it cannot be (a file there, no permission, ...)."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ConfigError(f"training.output_dir {output_dir} is a file, not a folder; "
+                          "remove it or choose another output_dir")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"training.output_dir {output_dir}: cannot create it ({e.strerror}); "
+                          "choose a writable location") from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"training.output_dir {output_dir} is not writable; "
+                          "fix its permissions or choose another output_dir")
+
+
+def acquire_run_lock(output_dir: str) -> RunLock:
+    """Take the lock of ``output_dir`` for this process (again, if it already holds it)."""
+    key = os.path.realpath(output_dir)
+    with _registry:
+        lock, count = _held.get(key, (None, 0))
+        if lock is None:
+            lock = RunLock(output_dir)
+            lock.acquire()
+        _held[key] = (lock, count + 1)
+    return lock
+
+
+def release_run_lock(lock: RunLock | None) -> None:
+    """Let go of one hold of ``lock``; the file is unlocked when this process's last hold ends."""
+    if lock is None:
+        return
+    key = os.path.realpath(lock.output_dir)
+    with _registry:
+        held, count = _held.get(key, (None, 0))
+        if held is not lock:
+            return
+        if count > 1:
+            _held[key] = (lock, count - 1)
+            return
+        del _held[key]
+        lock.release()
+
+
+def holds_run_lock(output_dir: str) -> bool:
+    """Whether this process holds the lock of ``output_dir``."""
+    with _registry:
+        return os.path.realpath(output_dir) in _held
+
+
+__all__ = ["LOCK_FILE", "RunLock", "acquire_run_lock", "holds_run_lock", "owner_alive", "release_run_lock"]
