@@ -18,9 +18,10 @@ file fails with EFBIG (CPython ignores SIGXFSZ), which is how a full disk looks 
 writer (ENOSPC), for every file at once: checkpoint chunks, metrics, summary. Lifting
 it is starting the next process without the limit.
 
-Ray: 2 workers; a seeded worker is SIGKILLed at a seeded step (Ray restarts the group,
-which resumes), compared with an uninterrupted 2-worker run. SIGTERM to a Ray worker
-must stop the run with a checkpoint (issue 16 item 4), then resume bit-identically.
+Ray: a SIGKILLed worker's restart that ends bit-identical is tests/test_ray_launch.py's
+(`test_killed_worker_restarts_from_checkpoint`, the documented example). SIGTERM to a Ray
+worker must stop the run with a checkpoint and resume bit-identically: that test is
+written below and skipped until issue 16 item 4 lands (today the group hangs).
 """
 
 from __future__ import annotations
@@ -210,25 +211,6 @@ def ray_setup(tmp_path_factory):
         yield trainer, arguments, rows, root, ref
     finally:
         ray.shutdown()
-
-
-@pytest.mark.ray
-def test_ray_worker_killed_at_a_seeded_step_resumes_exactly(ray_setup):
-    from scaletrain.distributed import KillWorkerOnce
-
-    trainer, arguments, rows, root, ref = ray_setup
-    rng = random.Random(SEED + 1)
-    step, rank, wait = rng.randint(2, RAY_STEPS - 2), rng.randint(0, 1), rng.choice([True, False])
-    print(f"\nchaos seed {SEED}: SIGKILL Ray worker {rank} after step {step} (checkpoint awaited: {wait})")
-    args = arguments.model_copy(update={"output_dir": str(root / "killed")})
-    killed = trainer.launch(num_workers=2, arguments=args, dataset_train=rows, max_failures=1,
-                            callbacks=[KillWorkerOnce(step=step, marker=str(root / "killed-once.txt"), rank=rank,
-                                                      wait_for_checkpoint=wait)])
-    assert killed.restarts == 1 and killed.summary["final_step"] == RAY_STEPS
-    assert killed.summary["params_sha256"] == ref.summary["params_sha256"], f"seed {SEED}: not bit-identical"
-    # the restart redid the lost steps and saved at every save step again: nothing is missing
-    assert step_folders(os.path.join(args.output_dir, "checkpoints")) == \
-        step_folders(os.path.join(ref.output_dir, "checkpoints"))
 
 
 @pytest.mark.ray

@@ -40,8 +40,8 @@ def _losses(out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accum,rows,steps", [(1, 64, 9), (2, 64, 9), (1, 24, 8)],
-                         ids=["plain", "grad-accum-2", "across-epochs"])
+# the plain case (no accumulation, one epoch) is tests/test_chaos.py's kill -9 round
+@pytest.mark.parametrize("accum,rows,steps", [(2, 64, 9), (1, 24, 8)], ids=["grad-accum-2", "across-epochs"])
 def test_sigkill_and_resume_is_bitwise_identical(tmp_path, accum, rows, steps):
     ref = _worker(tmp_path / "ref", accum, rows, steps)
     assert ref.returncode == 0, ref.stderr[-2000:]

@@ -13,10 +13,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 
 
+# Docs whose every Python example another test already runs (and asserts there are no
+# others), so running them here again would only double the suite's longest Ray launches.
+RUN_ELSEWHERE = {"distributed.md": "tests/test_ray_launch.py (docs_run and the restart test)"}
+
+
 def _docs_with_code():
     for path in DOCS:
         blocks = re.findall(r"```python\n(.*?)```", open(path).read(), flags=re.S)
-        if blocks:
+        if blocks and os.path.basename(path) not in RUN_ELSEWHERE:
             yield pytest.param(blocks, id=os.path.basename(path))
 
 

@@ -91,3 +91,12 @@ def test_killed_worker_restarts_from_checkpoint(docs_run):
           f"resumed from {killed.summary['resumed_from']}; launch took {killed.elapsed_s:.1f}s")
     lines = [json.loads(x) for x in open(os.path.join(killed.output_dir, "metrics.jsonl"))]
     assert [r["step"] for r in lines if r["split"] == "train"][-2:] == [5, 6]  # steps 5-6 ran again
+    # one marker where the restarted group resumed, before the steps it redoes (issue 16 item 12)
+    marks = [i for i, r in enumerate(lines) if r["split"] == "restart"]
+    resumed = int(os.path.basename(killed.summary["resumed_from"]))
+    assert len(marks) == 1 and lines[marks[0]]["attempt"] == 2
+    assert lines[marks[0]]["step"] == lines[marks[0]]["resumed_from_step"] == resumed
+    from scaletrain.plot import read_metrics
+
+    steps = [r["step"] for r in read_metrics(killed.output_dir)[0]]
+    assert steps == sorted(set(steps))  # the reader keeps one record per step

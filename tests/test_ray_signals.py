@@ -78,7 +78,7 @@ def _signal_cli(tmp_path, sig, after_step, *overrides):
     return proc.returncode, out + err, summary
 
 
-def test_driver_sigint_then_sigterm_stop_with_a_checkpoint(tmp_path):
+def test_driver_sigint_stops_the_workers_with_a_checkpoint(tmp_path):
     """Before: rc 1, no stop checkpoint (SIGINT printed nothing). After: rc 0, a checkpoint and a stop_reason."""
     rc, text, summary = _signal_cli(tmp_path, signal.SIGINT, 2)
     assert rc == 0, text[-3000:]
@@ -89,12 +89,24 @@ def test_driver_sigint_then_sigterm_stop_with_a_checkpoint(tmp_path):
     assert summary["checkpoint"].endswith(f"checkpoints/{first}")
     assert (tmp_path / "run" / "checkpoints" / str(first)).is_dir()
 
-    # the request file of the first stop must not stop the next launch: it resumes and trains on
-    rc, text, summary = _signal_cli(tmp_path, signal.SIGTERM, first + 2, "training.resume_if_possible=true")
-    assert rc == 0, text[-3000:]
-    assert "SIGTERM sent to the Ray driver" in summary["stop_reason"], summary
-    assert summary["resumed_from"].endswith(f"checkpoints/{first}") and summary["final_step"] > first
-    assert (tmp_path / "run" / "checkpoints" / str(summary["final_step"])).is_dir()
+
+
+def test_driver_signals_write_one_request_and_a_new_launch_clears_it(tmp_path):
+    """SIGTERM on the driver's main thread becomes the stop request the workers read (the same
+    handler as SIGINT above); a second signal stops at once; an old request never stops a new launch."""
+    from scaletrain.distributed.driver_stop import DriverSignals, clear_stop_request, stop_request_path
+
+    ray_dir = str(tmp_path / "ray")
+    path = clear_stop_request(ray_dir)
+    with DriverSignals(path) as signals:
+        signal.raise_signal(signal.SIGTERM)
+        assert signals.requested == "SIGTERM"
+        assert json.loads(open(path).read())["signal"] == "SIGTERM"
+        with pytest.raises(SystemExit) as second:
+            signal.raise_signal(signal.SIGTERM)
+        assert second.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is not signals._on_signal  # handlers restored
+    assert clear_stop_request(ray_dir) == stop_request_path(ray_dir) and not os.path.exists(path)
 
 
 def test_user_errors_found_without_a_worker(tmp_path):
@@ -177,46 +189,3 @@ def test_exhausted_restarts_give_one_message(ray_instance, tmp_path):
     assert "2 time(s), more than ray.max_failures=1" in message
     assert "rank 1: RuntimeError: boom on purpose" in message and "no checkpoint was saved" in message
     assert [a["attempt"] for a in _attempts(tmp_path)] == [1, 2]
-
-
-def test_restart_is_marked_in_metrics(ray_instance, tmp_path):
-    """A worker killed after step 7 (restart from checkpoint 4): one marker record before the redone steps.
-
-    Before: the redone steps 5-8 were logged twice with nothing between the two attempts.
-    """
-    import numpy as np
-
-    import jax.numpy as jnp
-    import scaletrain as st
-    from scaletrain.data import bundled_tokenizer_path
-    from scaletrain.distributed import KillWorkerOnce, RayDistributedTrainer
-    from scaletrain.models import LlamaForCausalLM
-    from scaletrain.plot import read_metrics
-
-    rng = np.random.default_rng(0)
-    rows = [{"input_ids": (rng.integers(0, 128) + np.arange(rng.integers(8, 24))) % 128} for _ in range(64)]
-    trainer = RayDistributedTrainer(
-        bundled_tokenizer_path(), model_class=LlamaForCausalLM,
-        config_scaling_variables={"hidden_size": 16, "intermediate_size": 32,
-                                  "num_attention_heads": 2, "num_key_value_heads": 1},
-        config_variables={"dtype": jnp.float32, "param_dtype": jnp.float32, "num_hidden_layers": 1,
-                          "vocab_size": 128, "max_position_embeddings": 32},
-    )
-    arguments = st.TrainingArguments(
-        output_dir=str(tmp_path / "run"), total_batch_size=4, max_length=16, num_train_epochs=None,
-        max_training_steps=8, learning_rate=1e-3, log_steps=2, save_steps=4, progress_bar=False, report_to=())
-    run = tmp_path / "run"
-    result = trainer.launch(num_workers=2, arguments=arguments, dataset_train=rows, max_failures=1,
-                            callbacks=[KillWorkerOnce(step=7, marker=str(tmp_path / "killed.txt"), rank=1)])
-    assert result.restarts == 1 and result.summary["final_step"] == 8
-    recs = _records(run / "metrics.jsonl")
-    marks = [i for i, r in enumerate(recs) if r["split"] == "restart"]
-    assert len(marks) == 1
-    assert {k: recs[marks[0]][k] for k in ("step", "resumed_from_step", "attempt")} == \
-        {"step": 4, "resumed_from_step": 4, "attempt": 2}
-    before = [r["step"] for r in recs[:marks[0]] if r["split"] == "train"]
-    after = [r["step"] for r in recs[marks[0] + 1:] if r["split"] == "train"]
-    assert before[-1] == 6 and after[0] == 6  # step 6 was logged by the failed attempt, then redone
-    train, _ = read_metrics(str(run))
-    steps = [r["step"] for r in train]
-    assert steps == sorted(set(steps)) and 6 in steps  # the reader keeps one record per step
