@@ -14,11 +14,11 @@ import os
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, ValidationError, field_validator, model_validator
 
 from scaletrain.argument_names import EASYDEL_SCHEDULERS, FIXED, HF_SCHEDULERS, REFUSED, RENAMED
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
-from scaletrain.config_keys import format_validation_error, key_errors, raise_invalid, unknown_key_message
+from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors, unknown_key_message
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import dtype_name
 
@@ -27,7 +27,7 @@ __all__ = ["TrainingArguments", "format_validation_error", "parse_duration"]
 AxisSpec = str | tuple[str, ...] | None
 
 
-class TrainingArguments(BaseModel):
+class TrainingArguments(ConfigModel):
     """Hyper-parameters and run settings (names follow EasyDeL's where they exist)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
@@ -96,15 +96,6 @@ class TrainingArguments(BaseModel):
     shuffle_train_dataset: bool = True
     truncation_mode: Literal["keep_end", "keep_start"] = "keep_end"
     step_partition_spec: tuple[AxisSpec, ...] = (("dp", "fsdp"), "sp")
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise_invalid(err, "TrainingArguments")
-
-    # nested in a recipe, pydantic validates without this __init__, so errors read training.key
-    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @model_validator(mode="before")
     @classmethod

@@ -15,9 +15,9 @@ import os
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
-from scaletrain.config_keys import raise_invalid
+from scaletrain.config_keys import ConfigModel
 from scaletrain.errors import ConfigError
 from scaletrain.models.options import attention_implementation, remat_policy
 from scaletrain.parallel.partition import PartitionAxis
@@ -54,7 +54,7 @@ def to_dtype(value: Any) -> Any:
     return DTYPES[dtype_name(value)]
 
 
-class LlamaConfig(BaseModel):
+class LlamaConfig(ConfigModel):
     """Llama-family decoder config (Llama, Mistral and Qwen2 share it)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
@@ -90,15 +90,6 @@ class LlamaConfig(BaseModel):
     sharding_axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
     sharding_dcn_axis_dims: tuple[int, ...] | None = None
     partition_axis: PartitionAxis = PartitionAxis()
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise_invalid(err, type(self).__name__)
-
-    # nested in another model, pydantic validates without this __init__, so errors keep their key path
-    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> LlamaConfig:

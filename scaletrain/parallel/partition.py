@@ -14,14 +14,14 @@ from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
+from pydantic import ConfigDict, model_serializer, model_validator
 
-from scaletrain.config_keys import key_errors, raise_invalid, unknown_key_message
+from scaletrain.config_keys import ConfigModel, key_errors, unknown_key_message
 
 AxisSpec = str | tuple[str, ...] | None
 
 
-class PartitionAxis(BaseModel):
+class PartitionAxis(ConfigModel):
     """Names the mesh axes that shard each kind of dimension (eformer's fields, plus ``hidden_axis``).
 
     EasyDeL's ``PartitionAxis`` (eformer) fields are all accepted, so its saved dicts
@@ -75,15 +75,6 @@ class PartitionAxis(BaseModel):
     decode_attention_kv_dim_axis: AxisSpec = None
     # ours: the parameters' hidden dimension
     hidden_axis: AxisSpec = "fsdp"
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise_invalid(err, "PartitionAxis")
-
-    # nested in another model, pydantic validates without this __init__, so errors keep their key path
-    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @model_validator(mode="before")
     @classmethod
