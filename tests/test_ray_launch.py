@@ -100,3 +100,25 @@ def test_killed_worker_restarts_from_checkpoint(docs_run):
 
     steps = [r["step"] for r in read_metrics(killed.output_dir)[0]]
     assert steps == sorted(set(steps))  # the reader keeps one record per step
+
+
+def test_sigterm_to_a_worker_stops_with_a_checkpoint_and_resumes_exactly(docs_run):
+    """Issue 16 item 4: a preempted worker (SIGTERM) stops every process at one step, with a checkpoint."""
+    from scaletrain.distributed import SignalWorkerOnce
+    from scaletrain.training.checkpoint import step_folders
+
+    folder, ns = docs_run
+    arguments = ns["arguments"].model_copy(update={"output_dir": str(folder / "runs" / "sigterm")})
+    run = lambda **kw: ns["trainer"].launch(  # noqa: E731
+        num_workers=2, dataset_train=ns["train_rows"], dataset_eval=ns["eval_rows"], **kw)
+    stopped = run(arguments=arguments, callbacks=[SignalWorkerOnce(step=2, rank=1)])
+    summary = stopped.summary
+    print(f"\nSIGTERM to worker 1 after step 2 -> {summary['stop_reason']!r}")
+    assert stopped.restarts == 0  # a clean stop, not a failure
+    assert "SIGTERM (JAX preemption notice)" in summary["stop_reason"]
+    assert 2 <= summary["final_step"] < 6
+    assert summary["final_step"] in step_folders(os.path.join(stopped.output_dir, "checkpoints"))
+    resumed = run(arguments=arguments.model_copy(update={"resume_if_possible": True}))
+    assert resumed.summary["resumed_from"].endswith(f"checkpoints/{summary['final_step']}")
+    assert resumed.summary["final_step"] == 6
+    assert resumed.summary["params_sha256"] == ns["result"].summary["params_sha256"]

@@ -17,6 +17,7 @@ _EXPORTS: dict[str, str] = {
     "RecipeJob": "scaletrain.distributed.launcher",
     "launch_on_ray": "scaletrain.distributed.launcher",
     "KillWorkerOnce": "scaletrain.distributed.chaos",
+    "SignalWorkerOnce": "scaletrain.distributed.chaos",
     "run_sweep": "scaletrain.distributed.sweep",
     "fit_power_law": "scaletrain.distributed.sweep",
 }
