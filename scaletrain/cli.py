@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", type=int, default=None, help="step (default: the newest)")
     e.add_argument("--out", required=True)
     e.add_argument("--max-shard-size", default="2GB")
+    e.add_argument("--merge", action="store_true",
+                   help="LoRA runs: write the full model with the adapters merged (default: a PEFT adapter folder)")
     pl = sub.add_parser("plot", help="draw loss, learning rate and throughput of a run into a PNG")
     pl.add_argument("run_dir")
     pl.add_argument("--out", default=None)
@@ -105,7 +107,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 def cmd_export(ns: argparse.Namespace) -> int:
     from scaletrain.export import export_checkpoint
 
-    print(export_checkpoint(ns.run_dir, ns.out, step=ns.checkpoint, max_shard_size=ns.max_shard_size))
+    print(export_checkpoint(ns.run_dir, ns.out, step=ns.checkpoint, max_shard_size=ns.max_shard_size,
+                            merge=ns.merge))
     return 0
 
 

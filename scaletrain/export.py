@@ -28,8 +28,13 @@ def load_checkpoint_model(
     partition axis, remat) so a checkpoint loads onto another mesh; ``dtype`` /
     ``param_dtype`` default to the saved run's.
     """
+    import jax
+    from flax import nnx
+
     from scaletrain.arguments import TrainingArguments
     from scaletrain.models import create_sharded_model, get_modules_by_type
+    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.training.lora_state import base_record, check_lora_base, with_lora
     from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
     from scaletrain.training.optim import make_optimizer, make_schedule
     from scaletrain.training.state import create_train_state
@@ -45,12 +50,21 @@ def load_checkpoint_model(
     config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
     config = config_class.from_dict({**config_dict, **(config_overrides or {})})
     args = TrainingArguments(**meta["arguments"])
-    model, mesh = create_sharded_model(
-        module_class, config, dtype=dtype if dtype is not None else args.dtype,
-        param_dtype=param_dtype if param_dtype is not None else args.param_dtype, precision=precision,
-    )
+    dtype = dtype if dtype is not None else args.dtype
+    param_dtype = param_dtype if param_dtype is not None else args.param_dtype
+    if args.lora is not None and args.lora.base_model and os.path.isdir(args.lora.base_model):
+        model = AutoModelForCausalLM.from_pretrained(args.lora.base_model, dtype=dtype, param_dtype=param_dtype,
+                                                     sharding_axis_dims=config.sharding_axis_dims,
+                                                     partition_axis=config.partition_axis, precision=precision)
+        mesh = jax.tree.leaves(nnx.state(model))[0].sharding.mesh
+    else:  # a base trained from scratch is rebuilt from its config (its digest says whether that is it)
+        model, mesh = create_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
+                                           precision=precision)
+    if args.lora is not None:  # the checkpoint holds the adapters: not the ones an init_from folder has
+        model = with_lora(model, args.lora.model_copy(update={"init_from": None}))
     tx = make_optimizer(args, make_schedule(args, max(args.max_training_steps or 1, 1)))
     template = create_train_state(model, tx, mesh, seed=args.seed)
+    check_lora_base(meta.get("lora"), base_record(template.model, template.frozen), checkpointer.path(step))
     state, _, _ = checkpointer.restore(step, template)
     checkpointer.close()
     return state.model, meta
@@ -67,9 +81,18 @@ def tokenizer_for(meta: dict[str, Any]) -> Any | None:
     return load_processor(path) if os.path.isdir(path) else None
 
 
-def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, max_shard_size: str = "2GB") -> str:
-    """Write checkpoint ``step`` (default: newest) of ``run_dir`` as an HF folder ``out_dir``."""
+def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, max_shard_size: str = "2GB",
+                      merge: bool = False) -> str:
+    """Write checkpoint ``step`` (default: newest) of ``run_dir`` as an HF folder ``out_dir``.
+
+    A LoRA run's checkpoint is written as a PEFT adapter folder, or with ``merge`` as
+    the full model with the adapters merged into its weights.
+    """
     from scaletrain.models.hf import save_hf_checkpoint
+    from scaletrain.models.lora import lora_config_of, merge_lora
+    from scaletrain.models.peft_adapter import save_peft_adapter
 
     model, meta = load_checkpoint_model(run_dir, step)
-    return save_hf_checkpoint(model, out_dir, tokenizer=tokenizer_for(meta), max_shard_size=max_shard_size)
+    if lora_config_of(model) is not None and not merge:
+        return save_peft_adapter(model, out_dir)
+    return save_hf_checkpoint(merge_lora(model), out_dir, tokenizer=tokenizer_for(meta), max_shard_size=max_shard_size)

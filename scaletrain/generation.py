@@ -61,6 +61,8 @@ class _StaticModel:
             str(getattr(model, "dtype", None)),
             str(getattr(model, "param_dtype", None)),
             str(getattr(model, "precision", None)),
+            # a LoRA / QLoRA model's graph differs from its base's (adapters, quantised kernels)
+            repr(getattr(model, "lora_config", None)),
         )
 
     def __hash__(self) -> int:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
+from scaletrain.models.lora_config import LoRAConfig
 from scaletrain.parallel.mesh import AXIS_NAMES
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -140,10 +141,23 @@ class Recipe(BaseModel):
     data: DataSection = DataSection()
     tokenizer: TokenizerSection = TokenizerSection()
     training: TrainingArguments = TrainingArguments()
+    # LoRA / QLoRA (scaletrain.models.lora_config); the same object as training.lora
+    lora: LoRAConfig | None = None
     mesh: MeshSection = MeshSection()
     sample: SampleSection = SampleSection()
     ray: RaySection = RaySection()
     sweep: SweepSection = SweepSection()
+
+    @model_validator(mode="after")
+    def _lora_into_training(self) -> Recipe:
+        """The ``lora`` section is ``training.lora``; its base defaults to ``model.pretrained``."""
+        lora = self.lora if self.lora is not None else self.training.lora
+        if self.lora is not None and self.training.lora is not None and self.training.lora != self.lora:
+            raise ValueError("set LoRA in the lora section or in training.lora, not both")
+        if lora is not None and lora.base_model is None and self.model.pretrained:
+            lora = lora.model_copy(update={"base_model": self.model.pretrained})
+        self.lora = self.training.lora = lora
+        return self
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "recipe") -> Recipe:

@@ -38,6 +38,8 @@ def hf_model(family: str, seed: int = 0, **overrides: Any) -> Any:
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }[family]
     torch.manual_seed(seed)
     model = model_class(config_class(**{**TINY, **overrides})).eval()

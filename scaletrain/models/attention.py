@@ -129,7 +129,7 @@ def causal_blocks(t: int, s: int) -> int:
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, softmax_dtype: Any, precision: Any,
-                          blocks: int = 1) -> Array:
+                          blocks: int = 1, scale: float | None = None) -> Array:
     """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
 
     Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
@@ -144,7 +144,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, soft
     up to summation order, for about ``(blocks + 1) / (2 blocks)`` of the work.
 
     ``mask=None`` is causal self-attention (``S == T``), the mask made from positions
-    inside each block's fusion rather than read from memory.
+    inside each block's fusion rather than read from memory. ``scale`` multiplies the
+    scores (``1 / sqrt(head_dim)`` when None; Gemma 3 uses ``query_pre_attn_scalar ** -0.5``).
     """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
@@ -152,7 +153,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, soft
     qh = q.reshape(b, t, nkv, group, d).transpose(0, 2, 3, 1, 4)  # [b, kv, g, t, d]
     kh = k.transpose(0, 2, 1, 3)  # [b, kv, s, d]
     vh = v.transpose(0, 2, 1, 3)
-    scale = 1.0 / math.sqrt(d)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
 
     def attend(qb: Array, kb: Array, vb: Array, mb: Array) -> Array:
         scores = matmul(qb, kb, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
@@ -208,7 +209,7 @@ def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_prob
 
 
 def fused_attention(q: Array, k: Array, v: Array, mask: Array | None,
-                    implementation: str | None = "cudnn") -> Array:
+                    implementation: str | None = "cudnn", scale: float | None = None) -> Array:
     """``jax.nn.dot_product_attention`` on cuDNN (flash attention: no [T, S] scores kept).
 
     The boolean ``mask`` [B, 1, T, S] from :func:`build_attention_mask` carries the
@@ -218,4 +219,5 @@ def fused_attention(q: Array, k: Array, v: Array, mask: Array | None,
     ``mask=None`` (rows that are one unpadded sequence) is ``is_causal`` alone: cuDNN's
     kernel without a bias, whose backward also has no bias gradient to write.
     """
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
+                                        implementation=implementation)

@@ -59,6 +59,8 @@ class LlamaConfig(ConfigModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
     model_type: ClassVar[str] = "llama"
+    #: MLP activations (``hidden_act``) the family's modules compute; Gemma 3's is gelu-tanh.
+    activations: ClassVar[tuple[str, ...]] = ("silu", "swish")
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -78,6 +80,8 @@ class LlamaConfig(ConfigModel):
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    # per-head RMSNorm on queries and keys before RoPE (Qwen3; HF names self_attn.q_norm / k_norm)
+    qk_norm: bool = False
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = None
@@ -107,8 +111,8 @@ class LlamaConfig(ConfigModel):
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
-        if self.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only silu)")
+        if self.hidden_act not in self.activations:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only {' or '.join(self.activations)})")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("linear", "llama3", "default"):
@@ -141,11 +145,16 @@ class LlamaConfig(ConfigModel):
         kv = self.num_key_value_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
         if self.attention_bias or self.qkv_bias:
-            attn += q + 2 * kv + (q if self.attention_bias else 0)
+            attn += q + 2 * kv + (h if self.attention_bias else 0)  # o_proj's bias is [hidden]
         mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        layer = attn + mlp + 2 * h
+        layer = attn + mlp + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         head = 0 if self.tie_word_embeddings else h * v
         return v * h + self.num_hidden_layers * layer + h + head
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters each token computes with: all of them in a dense model (MoE configs override)."""
+        return self.num_params
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 x matmul parameters plus causal attention.
@@ -153,8 +162,9 @@ class LlamaConfig(ConfigModel):
         The matmul parameters exclude the input embedding lookup but include the
         LM head. Attention scores and the weighted sum cost ``2 * 2 * seq * q_dim``
         forward per layer, halved for the causal mask, tripled for the backward.
+        Only the parameters a token passes through count (a mixture of experts' active ones).
         """
-        matmul_params = self.num_params - self.vocab_size * self.hidden_size
+        matmul_params = self.num_active_params - self.vocab_size * self.hidden_size
         if self.tie_word_embeddings:
             matmul_params += self.vocab_size * self.hidden_size
         q_dim = self.num_attention_heads * self.head_dim
@@ -194,6 +204,17 @@ class Qwen2Config(LlamaConfig):
     rope_theta: float = 1000000.0
     rms_norm_eps: float = 1e-6
     use_sliding_window: bool = False
+
+
+class Qwen3Config(Qwen2Config):
+    """Qwen3 (dense): Qwen2's optional window, no q/k/v bias, RMSNorm on each head's q and k.
+
+    ``attention_bias`` puts biases on all four projections, as in Llama.
+    """
+
+    model_type: ClassVar[str] = "qwen3"
+    qkv_bias: bool = False
+    qk_norm: bool = True
 
 
 def check_config_keys(config_class: type[LlamaConfig], keys: set[str], where: str) -> None:

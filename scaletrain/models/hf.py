@@ -10,13 +10,16 @@ twice. Saving gathers one tensor at a time to host and streams shards to disk.
 Names mirror transformers, so the mapping is mechanical: our ``Dense.kernel`` is
 ``[in, out]`` and HF's ``Linear.weight`` is ``[out, in]`` (transpose), our
 ``model.embed_tokens`` is HF's ``model.embed_tokens.weight``; norms and biases keep
-their names. What config.json means is :mod:`scaletrain.models.hf_config`'s job.
+their names; a mixture of experts' stacked ``[E, in, out]`` kernels are the E per-expert
+tensors transformers writes (:mod:`scaletrain.models.hf_experts`). What config.json means
+is :mod:`scaletrain.models.hf_config`'s job.
 The caller names the module class (the registry's ``AutoModelForCausalLM`` picks it
 from the folder's ``model_type``), so this module depends on no model family.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +27,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -34,6 +37,7 @@ from jax.sharding import Mesh
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.models.config import LlamaConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
+from scaletrain.models.hf_experts import expert_tensor_names, read_expert_block
 from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import PartitionAxis
@@ -113,29 +117,55 @@ def open_weights(path: str) -> Any:
                               "copy or export the model folder again") from None
 
 
+class Source(NamedTuple):
+    """Where one of our parameters is in a checkpoint: its HF tensor (or one per expert, ``stacked``)."""
+
+    tensors: tuple[str, ...]
+    transpose: bool
+    stacked: bool
+
+
+def hf_source(name: str, shape: tuple[int, ...]) -> Source:
+    """The :class:`Source` of our parameter ``name`` of ``shape``."""
+    experts = expert_tensor_names(name, shape[0]) if shape else None
+    if experts is not None:
+        return Source(experts, True, True)
+    hf, transpose = hf_tensor_name(name)
+    return Source((hf,), transpose, False)
+
+
 def _slices(index: tuple[slice, ...], transpose: bool) -> tuple[slice, ...]:
     return tuple(reversed(index)) if transpose else index
 
 
-def _load_sharded(handle: Any, tensor: str, transpose: bool, target: jax.ShapeDtypeStruct) -> jax.Array:
-    """Read one tensor from an open safetensors file straight into ``target``'s sharding.
+def _load_sharded(handles: dict[str, Any], source: Source, target: jax.ShapeDtypeStruct) -> jax.Array:
+    """Read one parameter from open safetensors files (``handles`` by tensor) into ``target``'s sharding.
 
-    Each addressable device asks for its own index; only that slice is read from
-    the memory-mapped file (a small cache serves replicated devices).
+    ``source.tensors`` is one HF tensor, or one per expert for a stacked expert kernel
+    (:mod:`scaletrain.models.hf_experts`). Each addressable device asks for its own
+    index; only that slice is read from the memory-mapped files (a small cache serves
+    replicated devices).
     """
-    sl = handle.get_slice(tensor)
-    shape = tuple(sl.get_shape())
-    expect = tuple(reversed(target.shape)) if transpose else tuple(target.shape)
-    if shape != expect:
-        raise CheckpointError(f"tensor {tensor}: shape {list(shape)} in the checkpoint, the config implies {list(expect)}")
+    tensors, transpose, stacked = source
+    slices = [handles[t].get_slice(t) for t in tensors]
+    per_tensor = tuple(target.shape[1:]) if stacked else tuple(target.shape)
+    expect = tuple(reversed(per_tensor)) if transpose else per_tensor
+    for tensor, sl in zip(tensors, slices):
+        shape = tuple(sl.get_shape())
+        if shape != expect:
+            raise CheckpointError(f"tensor {tensor}: shape {list(shape)} in the checkpoint, the config implies "
+                                  f"{list(expect)}")
     np_dtype = np.dtype(target.dtype)
     cache: dict[tuple[Any, ...], np.ndarray] = {}
 
     def read(index: tuple[slice, ...]) -> np.ndarray:
         key = tuple((s.start, s.stop, s.step) for s in index)
         if key not in cache:
-            part = sl[_slices(index, transpose)] if index else sl[...]
-            part = part.T if transpose else part
+            if stacked:
+                part = read_expert_block(slices, index, tuple(target.shape), transpose)
+            else:
+                part = slices[0][_slices(index, transpose)] if index else slices[0][...]
+                part = part.T if transpose else part
             cache[key] = np.ascontiguousarray(part.astype(np_dtype, copy=False))
         return cache[key]
 
@@ -179,16 +209,16 @@ def load_hf_checkpoint(
 
 
 def _needed_tensors(targets: Any, files: dict[str, str], config: LlamaConfig,
-                    local_dir: str) -> dict[str, tuple[str, bool]]:
-    """Our parameter name -> (HF tensor, transpose?); CheckpointError if the files lack one
+                    local_dir: str) -> dict[str, Source]:
+    """Our parameter name -> its :class:`Source`; CheckpointError if the files lack a tensor
     or hold a tensor this model_type does not use."""
     flat = jax.tree_util.tree_flatten_with_path(targets)[0]
-    needed = {_path_name(p): hf_tensor_name(_path_name(p)) for p, _ in flat}
-    missing = sorted(hf for hf, _ in needed.values() if hf not in files)
+    needed = {_path_name(p): hf_source(_path_name(p), tuple(t.shape)) for p, t in flat}
+    used = {hf for source in needed.values() for hf in source.tensors}
+    missing = sorted(hf for hf in used if hf not in files)
     if missing:
         raise CheckpointError(f"{local_dir}: tensors missing from the checkpoint: {missing[:8]}"
                               + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    used = {hf for hf, _ in needed.values()}
     extra = sorted(
         t for t in files
         if t not in used and not _IGNORED_TENSORS.match(t) and not (t == "lm_head.weight" and config.tie_word_embeddings)
@@ -200,21 +230,24 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: LlamaConfig,
     return needed
 
 
-def _read_tensors(targets: Any, needed: dict[str, tuple[str, bool]], files: dict[str, str]) -> Any:
+def _read_tensors(targets: Any, needed: dict[str, Source], files: dict[str, str]) -> Any:
     """``targets`` with every ``jax.ShapeDtypeStruct`` replaced by its tensor, sharded as it says.
 
-    One file open at a time; tensors are loaded in file order, one at a time.
+    Tensors are loaded in file order, one at a time, with the files each needs open (one,
+    or the few a stacked expert kernel's experts are spread over).
     """
-    by_file: dict[str, list[str]] = {}
-    for name, (hf, _) in needed.items():
-        by_file.setdefault(files[hf], []).append(name)
+    by_files: dict[tuple[str, ...], list[str]] = {}
+    for name, source in needed.items():
+        by_files.setdefault(tuple(sorted({files[t] for t in source.tensors})), []).append(name)
     flat_targets = {_path_name(p): t for p, t in jax.tree_util.tree_flatten_with_path(targets)[0]}
     loaded: dict[str, jax.Array] = {}
-    for path in sorted(by_file):
-        with open_weights(path) as handle:
-            for name in by_file[path]:
-                hf, transpose = needed[name]
-                loaded[name] = _load_sharded(handle, hf, transpose, flat_targets[name])
+    for paths in sorted(by_files):
+        with contextlib.ExitStack() as stack:
+            handles = {path: stack.enter_context(open_weights(path)) for path in paths}
+            for name in by_files[paths]:
+                source = needed[name]
+                by_tensor = {t: handles[files[t]] for t in source.tensors}
+                loaded[name] = _load_sharded(by_tensor, source, flat_targets[name])
     return jax.tree_util.tree_map_with_path(lambda p, _: loaded[_path_name(p)], targets)
 
 
@@ -259,8 +292,9 @@ def _check_destination(out_dir: str) -> None:
 def _iter_hf_tensors(model: nnx.Module) -> Iterator[tuple[str, jax.Array, bool]]:
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        hf, transpose = hf_tensor_name(_path_name(path))
-        yield hf, leaf, transpose
+        source = hf_source(_path_name(path), tuple(leaf.shape))
+        for e, hf in enumerate(source.tensors):
+            yield hf, (leaf[e] if source.stacked else leaf), source.transpose
 
 
 def save_hf_checkpoint(

@@ -16,18 +16,22 @@ import os
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config
+from scaletrain.models.config import LlamaConfig
+from scaletrain.models.gemma3_config import GEMMA3_TEXT
+from scaletrain.models.hf_dense import DENSE_FAMILIES
+from scaletrain.models.hf_family import ROPE_TYPES, HFFamily
+from scaletrain.models.moe_config import MOE_FAMILIES
 from scaletrain.parallel.partition import PartitionAxis
 
 logger = logging.getLogger("scaletrain")
 
+#: HF ``model_type`` -> its mapping, for the families we implement. A new family writes its
+#: :class:`~scaletrain.models.hf_family.HFFamily` next to its code and is named here.
+FAMILIES: dict[str, HFFamily] = {f.model_type: f for f in (*DENSE_FAMILIES, GEMMA3_TEXT, *MOE_FAMILIES)}
 #: HF ``model_type`` -> HF architecture class name, for the families we implement.
-ARCHITECTURES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
-ROPE_TYPES = ("default", "linear", "llama3")
+ARCHITECTURES: dict[str, str] = {t: f.architecture for t, f in FAMILIES.items()}
+__all__ = ["ARCHITECTURES", "CONFIG_FILE", "FAMILIES", "ROPE_TYPES", "config_from_hf", "config_to_hf",
+           "load_hf_config", "read_hf_config", "supported_model_type"]
 CONFIG_FILE = "config.json"
 
 
@@ -73,98 +77,25 @@ def load_hf_config(
     return config_from_hf(raw, os.path.join(os.fspath(local_dir), CONFIG_FILE), **runtime)
 
 
-def _hf_config_class(model_type: str) -> type:
-    import transformers
-
-    return {
-        "llama": transformers.LlamaConfig,
-        "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config,
-    }[model_type]
-
-
-def _rope_from_hf(rope: Any, where: str) -> tuple[float, dict[str, Any] | None]:
-    """``(rope_theta, rope_scaling)`` from transformers' standardized ``rope_parameters``."""
-    if not isinstance(rope, dict) or "rope_theta" not in rope:
-        raise ConfigError(f"{where}: rope_parameters {rope!r} (per-layer RoPE) is not supported")
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise ConfigError(
-            f"{where}: rope type {kind!r} is not supported; supported rope types: {list(ROPE_TYPES)}"
-        )
-    factor = rope.get("partial_rotary_factor", 1.0)
-    if factor not in (None, 1, 1.0):
-        raise ConfigError(f"{where}: partial_rotary_factor {factor} is not supported (only 1.0)")
-    theta = float(rope["rope_theta"])
-    if kind == "default":
-        return theta, None
-    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type", "partial_rotary_factor")}
-    scaling["rope_type"] = kind
-    return theta, scaling
-
-
 def config_from_hf(raw: dict[str, Any], where: str = CONFIG_FILE, **runtime: Any) -> LlamaConfig:
     """Our config for an HF ``config.json`` dict; ``runtime`` sets placement fields.
 
     Raises ConfigError naming the model_type or option we do not implement, rather
     than building a model that would silently compute something else.
     """
-    model_type = supported_model_type(raw, where)
+    family = FAMILIES[supported_model_type(raw, where)]
     if raw.get("quantization_config"):
         raise ConfigError(f"{where}: quantized checkpoints (quantization_config) are not supported; dequantize first")
-    hf = _hf_config_class(model_type).from_dict(dict(raw))
-    if hf.hidden_act not in ("silu", "swish"):
-        raise ConfigError(f"{where}: hidden_act {hf.hidden_act!r} is not supported (only silu)")
+    try:
+        hf = family.transformers_config().from_dict(dict(raw))
+    except (ValueError, TypeError) as exc:  # transformers' own validation of the keys
+        raise ConfigError(f"{where}: transformers rejects this {family.model_type} config: {exc}") from None
     if getattr(hf, "attention_dropout", 0.0):
         logger.warning("%s: attention_dropout=%s is ignored (scaletrain has no dropout)", where, hf.attention_dropout)
-    rope_theta, rope_scaling = _rope_from_hf(hf.rope_parameters, where)
-    fields: dict[str, Any] = dict(
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.hidden_size,
-        intermediate_size=hf.intermediate_size,
-        num_hidden_layers=hf.num_hidden_layers,
-        num_attention_heads=hf.num_attention_heads,
-        num_key_value_heads=hf.num_key_value_heads or hf.num_attention_heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-        hidden_act="silu",
-        max_position_embeddings=hf.max_position_embeddings,
-        initializer_range=hf.initializer_range,
-        rms_norm_eps=hf.rms_norm_eps,
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        tie_word_embeddings=bool(hf.tie_word_embeddings),
-        bos_token_id=hf.bos_token_id,
-        eos_token_id=hf.eos_token_id,
-        pad_token_id=hf.pad_token_id,
-    )
-    if model_type == "llama":
-        fields.update(
-            attention_bias=bool(hf.attention_bias), qkv_bias=False, mlp_bias=bool(hf.mlp_bias), sliding_window=None
-        )
-        config_class: type[LlamaConfig] = LlamaConfig
-    elif model_type == "mistral":
-        fields.update(attention_bias=False, qkv_bias=False, mlp_bias=False, sliding_window=hf.sliding_window)
-        config_class = MistralConfig
-    else:
-        kinds = set(hf.layer_types or ["full_attention"])
-        if not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
-            raise ConfigError(
-                f"{where}: per-layer attention types {sorted(kinds)} (use_sliding_window with "
-                f"max_window_layers={getattr(hf, 'max_window_layers', None)}) are not supported; "
-                "only all-full or all-sliding layers"
-            )
-        sliding = kinds == {"sliding_attention"} and hf.sliding_window is not None
-        fields.update(
-            attention_bias=False,
-            qkv_bias=True,
-            mlp_bias=False,
-            use_sliding_window=sliding,
-            sliding_window=hf.sliding_window if sliding else None,
-        )
-        config_class = Qwen2Config
+    fields = family.from_hf(hf, where)
     fields.update({k: v for k, v in runtime.items() if v is not None})
     try:
-        return config_class(**fields)
+        return family.config_class(**fields)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -176,57 +107,14 @@ def config_to_hf(config: LlamaConfig, dtype: str) -> Any:
     attention implementation) are runtime choices of this library.
     """
     model_type = config.model_type
-    if model_type not in ARCHITECTURES:
+    if model_type not in FAMILIES:
         raise ConfigError(f"model_type {model_type!r} cannot be exported; supported: {sorted(ARCHITECTURES)}")
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
-    if config.rope_scaling:
-        scaling = dict(config.rope_scaling)
-        scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type", "default")
-        rope.update(scaling)
-    kwargs: dict[str, Any] = dict(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        hidden_act="silu",
-        max_position_embeddings=config.max_position_embeddings,
-        initializer_range=config.initializer_range,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_parameters=rope,
-        tie_word_embeddings=config.tie_word_embeddings,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
+    family = FAMILIES[model_type]
 
     def refuse(what: str) -> ConfigError:
         return ConfigError(f"model_type {model_type!r} with {what} has no Hugging Face equivalent; cannot export")
 
-    if model_type == "llama":
-        if config.qkv_bias and not config.attention_bias:
-            raise refuse("qkv_bias=True but attention_bias=False")
-        if config.sliding_window is not None:
-            raise refuse(f"sliding_window={config.sliding_window} (use model_type mistral)")
-        kwargs.update(attention_bias=config.attention_bias, mlp_bias=config.mlp_bias)
-    elif model_type == "mistral":
-        if config.attention_bias or config.qkv_bias or config.mlp_bias:
-            raise refuse("attention/qkv/mlp biases")
-        kwargs.update(sliding_window=config.sliding_window)
-    else:
-        if not config.qkv_bias or config.attention_bias or config.mlp_bias:
-            raise refuse("biases other than q/k/v")
-        sliding = bool(getattr(config, "use_sliding_window", False)) and config.sliding_window is not None
-        n = config.num_hidden_layers
-        kwargs.update(
-            use_sliding_window=sliding,
-            sliding_window=config.sliding_window if sliding else None,
-            max_window_layers=0 if sliding else n,
-            layer_types=["sliding_attention" if sliding else "full_attention"] * n,
-        )
-    hf = _hf_config_class(model_type)(**kwargs)
-    hf.architectures = [ARCHITECTURES[model_type]]
+    hf = family.transformers_config()(**family.to_hf(config, refuse))
+    hf.architectures = [family.architecture]
     hf.dtype = dtype
     return hf

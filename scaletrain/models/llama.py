@@ -1,7 +1,7 @@
-"""Llama-family causal decoder in Flax NNX (Llama, Mistral, Qwen2).
+"""Llama-family causal decoder in Flax NNX (Llama, Mistral, Qwen2, Qwen3).
 
 Pre-norm blocks of grouped-query attention with RoPE and a SwiGLU MLP, RMSNorm,
-optional q/k/v(/o) biases, optional tied embeddings. Parameters are float32 by
+optional q/k/v(/o) biases, optional per-head q/k norms, optional tied embeddings. Parameters are float32 by
 default (``param_dtype``) and cast to the compute ``dtype`` at use, so bf16 compute
 keeps float32 master weights. Every parameter carries ``logical_axes`` metadata that
 :mod:`scaletrain.parallel.partition` maps onto the mesh.
@@ -34,7 +34,7 @@ from scaletrain.models.attention import (
     rope_tables,
     use_fused_attention,
 )
-from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, effective_sliding_window
+from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, effective_sliding_window
 from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
@@ -106,6 +106,10 @@ class Attention(nnx.Module):
         self.k_proj = Dense(h, nkv * d, ("embed", "kv_heads"), use_bias=qkv_bias, **kw)
         self.v_proj = Dense(h, nkv * d, ("embed", "kv_heads"), use_bias=qkv_bias, **kw)
         self.o_proj = Dense(nq * d, h, ("heads", "embed"), use_bias=config.attention_bias, **kw)
+        self.q_norm = self._head_norm(config, dtype, param_dtype)
+        self.k_norm = self._head_norm(config, dtype, param_dtype)
+        # softmax scale; None is 1/sqrt(head_dim) (Gemma 3 sets query_pre_attn_scalar ** -0.5)
+        self.scale: float | None = None
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
         self.dtype = dtype
         self.softmax_dtype = jnp.dtype(config.attn_softmax_dtype or "float32")
@@ -118,20 +122,31 @@ class Attention(nnx.Module):
         """Self-attention over ``x``; ``mask`` [B, 1, T, S] from :func:`build_attention_mask`, or None
         for plain causal attention (each row one unpadded sequence)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, rope)
-        k = apply_rope(k, rope)
+        q, k, v = self._qkv(x, rope)
         sequence_split = active_axis_size(self.sequence_axis) > 1
         if use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
-            out = fused_attention(q, k, v, mask)
+            out = fused_attention(q, k, v, mask, scale=self.scale)
         else:
             # query blocks slice the sequence: not where it is split over devices (sp)
             blocks = 1 if sequence_split else causal_blocks(t, t)
-            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks)
+            out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks,
+                                        scale=self.scale)
         out = checkpoint_name(out, "attn_out")
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+
+    def _head_norm(self, config: LlamaConfig, dtype: Any, param_dtype: Any) -> nnx.Module | None:
+        """Qwen3's norm over head_dim for q or k, applied before RoPE (None unless ``qk_norm``)."""
+        return RMSNorm(config.head_dim, config.rms_norm_eps, dtype, param_dtype) if config.qk_norm else None
+
+    def _qkv(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+        """Queries, keys (normed per head when ``qk_norm``, then rotated) and values [B, T, heads, D]."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
     def _cudnn_sharding_problem(self, sequence_split: bool) -> str | None:
         """Why JAX's cuDNN attention cannot take this layer's inputs as the active mesh shards
@@ -154,14 +169,10 @@ class Attention(nnx.Module):
         slots that are empty, padding, in the future or outside the window.
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, rope)
-        k = apply_rope(k, rope)
+        q, k, v = self._qkv(x, rope)
         keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), start, axis=1)
         values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), start, axis=1)
-        out = dot_product_attention(q, keys, values, mask, self.softmax_dtype, self.precision)
+        out = dot_product_attention(q, keys, values, mask, self.softmax_dtype, self.precision, scale=self.scale)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), KVCache(keys, values)
 
 
@@ -335,11 +346,17 @@ class LlamaForCausalLM(nnx.Module):
             return self.model.embed_tokens[...], True
         return self.lm_head.kernel[...], False
 
+    def logit_softcap(self) -> float | None:
+        """``c`` if logits are soft-capped to ``c * tanh(logits / c)`` (Gemma): the chunked loss caps them too."""
+        return None
+
     def compute_logits(self, hidden: Array) -> Array:
         """Logits in the compute dtype from hidden states [..., hidden]."""
         w, transposed = self.lm_head_weight()
-        return matmul(hidden.astype(self.dtype), w.astype(self.dtype), rhs_transposed=transposed,
-                      precision=self.precision)
+        logits = matmul(hidden.astype(self.dtype), w.astype(self.dtype), rhs_transposed=transposed,
+                        precision=self.precision)
+        cap = self.logit_softcap()
+        return logits if cap is None else jnp.tanh(logits / cap) * cap
 
     def __call__(
         self,
@@ -410,3 +427,10 @@ class MistralForCausalLM(LlamaForCausalLM):
 class Qwen2ForCausalLM(LlamaForCausalLM):
     _model_type: ClassVar[str] = "qwen2"
     config_class: ClassVar[type[LlamaConfig]] = Qwen2Config
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3 (dense): the Llama block with per-head q/k RMSNorm (``config.qk_norm``)."""
+
+    _model_type: ClassVar[str] = "qwen3"
+    config_class: ClassVar[type[LlamaConfig]] = Qwen3Config

@@ -14,10 +14,20 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config
+from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from scaletrain.models.gemma3 import Gemma3ForCausalLM, Gemma3TextModel
+from scaletrain.models.gemma3_config import Gemma3TextConfig
 from scaletrain.models.hf import load_hf_checkpoint
 from scaletrain.models.hf_config import CONFIG_FILE, read_hf_config, supported_model_type
-from scaletrain.models.llama import LlamaForCausalLM, LlamaModel, MistralForCausalLM, Qwen2ForCausalLM
+from scaletrain.models.llama import (
+    LlamaForCausalLM,
+    LlamaModel,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
+from scaletrain.models.moe_config import MixtralConfig, Qwen3MoeConfig
+from scaletrain.models.moe_decoder import MixtralForCausalLM, Qwen3MoeForCausalLM
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -75,6 +85,11 @@ register_module("llama", TaskType.CAUSAL_LM, LlamaConfig, LlamaForCausalLM)
 register_module("llama", TaskType.BASE_MODULE, LlamaConfig, LlamaModel)
 register_module("mistral", TaskType.CAUSAL_LM, MistralConfig, MistralForCausalLM)
 register_module("qwen2", TaskType.CAUSAL_LM, Qwen2Config, Qwen2ForCausalLM)
+register_module("qwen3", TaskType.CAUSAL_LM, Qwen3Config, Qwen3ForCausalLM)
+register_module("gemma3_text", TaskType.CAUSAL_LM, Gemma3TextConfig, Gemma3ForCausalLM)
+register_module("gemma3_text", TaskType.BASE_MODULE, Gemma3TextConfig, Gemma3TextModel)
+register_module("mixtral", TaskType.CAUSAL_LM, MixtralConfig, MixtralForCausalLM)
+register_module("qwen3_moe", TaskType.CAUSAL_LM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 
 class AutoModelForCausalLM:

@@ -46,6 +46,7 @@ from scaletrain.training.protocol import (
     TrainerConfigureFunctionOutput,
     TrainerConfigureModelOutput,
 )
+from scaletrain.training.lora_state import base_record, check_lora_base, with_lora
 from scaletrain.training.resume import restore_data_position, warn_about_later_checkpoints
 from scaletrain.training.run_lock import RunLock, acquire_run_lock, release_run_lock
 from scaletrain.training.state import TrainState, adopt_state, create_train_state, state_shardings
@@ -245,6 +246,7 @@ class BaseTrainer(BaseTrainerProtocol):
         args = self.arguments
         model = self._given_model if self._given_model is not None else self._given_state.model
         model, self._mesh = place_model(model)
+        model = with_lora(model, args.lora)
         for name in ("dtype", "param_dtype"):
             want, have = jnp.dtype(getattr(args, name)), jnp.dtype(getattr(model, name))
             if want != have:
@@ -300,7 +302,13 @@ class BaseTrainer(BaseTrainerProtocol):
             "num_params": self._model_state.num_params,
             "train_rows": len(self._train_source),
             "mesh": dict(self._mesh.shape),
+            "lora": self.lora_base_record(state),
         }
+
+    def lora_base_record(self, state: TrainState) -> dict[str, Any] | None:
+        """The frozen base a LoRA run's adapter-only checkpoints need (path, digest; one gather per run)."""
+        self._base_record = getattr(self, "_base_record", None) or base_record(self._model, state.frozen)
+        return self._base_record
 
     def save_checkpoint(self, state: TrainState) -> str:
         """Save ``state`` and the data iterator's position (asynchronously)."""
@@ -327,6 +335,7 @@ class BaseTrainer(BaseTrainerProtocol):
             return state
         source, step = found
         state, data_state, meta = source.restore(step, state)
+        check_lora_base(meta.get("lora"), self.lora_base_record(state), source.path(step))
         restore_data_position(self.dataloader_train, source.path(step), data_state)  # required: exact resume
         warn_about_later_checkpoints(self.checkpoint_manager.directory, self.checkpoint_manager.all_steps(), step)
         rows = len(self._train_source)

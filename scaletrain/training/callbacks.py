@@ -117,7 +117,7 @@ class MetricsLogger(Callback):
         }
         if trainer.arguments.z_loss:
             record["z_loss"] = values["z_loss"]
-        record.update({k: v for k, v in values.items() if k.startswith(("grad_norm/", "weight_norm/"))})
+        record.update({k: v for k, v in values.items() if k.startswith(("grad_norm/", "weight_norm/", "moe/"))})
         record.update(memory_stats())
         self.last_train = record
         trainer.write_metrics(record)

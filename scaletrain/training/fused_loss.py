@@ -18,6 +18,9 @@ logits and letting autodiff do the rest, this
 The backward pass only scales the stored gradients by the incoming cotangent (the
 objective is linear in them).
 
+Soft-capped logits (Gemma's ``c * tanh(z / c)`` over the head's output ``z``) are capped
+chunk by chunk too; the chain rule adds the factor ``1 - tanh(z / c)^2`` to ``dlogits``.
+
 When the batch or the sequence is sharded over devices (``batch_axes`` /
 ``sequence_axes`` of an active mesh), each device's share of ``h^T dlogits`` is a
 partial sum over its positions. Accumulated into one ``[H, V]`` carry, XLA would
@@ -50,7 +53,8 @@ Array = jax.Array
 
 def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array, dtype: Any, chunk_size: int,
                     z_weight: float = 0.0, precision: Any = None, transposed: bool = False,
-                    batch_axes: Any = None, sequence_axes: Any = None) -> tuple[Array, LossSums]:
+                    batch_axes: Any = None, sequence_axes: Any = None,
+                    softcap: float | None = None) -> tuple[Array, LossSums]:
     """``(sum(loss) + z_weight * sum(z_loss), LossSums)`` of the head ``kernel`` on ``hidden`` [B, T, H].
 
     ``kernel`` is [H, V], or [V, H] (a tied embedding) if ``transposed``; ``mask``
@@ -62,7 +66,8 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
     are sharded over (the model's ``partition_axis``). With the sequence sharded over P
     devices, each of them chunks its own T/P positions (a chunk is P pieces, one per
     device), so no chunk's logits cross devices; and the head's weight gradient is
-    reduced over all of these axes once rather than once per chunk.
+    reduced over all of these axes once rather than once per chunk. ``softcap``: the
+    model's :meth:`~scaletrain.models.llama.LlamaForCausalLM.logit_softcap` (None: uncapped).
     """
     b, t, h = hidden.shape
     batch_axes, seq_axes = active_sharding_axes(batch_axes, b), active_sharding_axes(sequence_axes, t)
@@ -80,7 +85,8 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
         return jnp.moveaxis(x.reshape(b, pieces, chunks, chunk_size, *x.shape[3:]), 2, 0)
 
     return _fused(split(hidden.astype(dtype)), kernel.astype(dtype), split(targets), split(full_mask),
-                  float(z_weight), precision, transposed, (batch_axes, seq_axes))
+                  float(z_weight), precision, transposed, (batch_axes, seq_axes),
+                  None if softcap is None else float(softcap))
 
 
 Axes = tuple[tuple[str, ...], tuple[str, ...]]  # (batch axes, sequence axes), each possibly empty
@@ -107,8 +113,15 @@ def _head_grad(h: Array, dlogits: Array, axes: Axes, precision: Any) -> Array:
     return _on_shards(out, axes, 1)
 
 
-def _chunk_logits(h: Array, w: Array, precision: Any, transposed: bool) -> Array:
-    return dot(h, w, rhs_transposed=transposed, precision=precision).astype(jnp.float32)
+def _chunk_logits(h: Array, w: Array, precision: Any, transposed: bool,
+                  softcap: float | None) -> tuple[Array, Array | None]:
+    """``(logits, dlogits/dz)`` in float32 of the head's output ``z``, soft-capped when ``softcap`` is set
+    (the derivative is None without a cap)."""
+    z = dot(h, w, rhs_transposed=transposed, precision=precision).astype(jnp.float32)
+    if softcap is None:
+        return z, None
+    t = jnp.tanh(z / softcap)
+    return t * softcap, 1.0 - t * t
 
 
 def _add(a: LossSums, b: LossSums) -> LossSums:
@@ -123,30 +136,32 @@ def _objective(s: LossSums, z_weight: float) -> Array:
     return s.loss + z_weight * s.z_loss
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
 def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
-           transposed: bool, axes: Axes) -> tuple[Array, LossSums]:
+           transposed: bool, axes: Axes, softcap: float | None) -> tuple[Array, LossSums]:
     def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
         h, t, m = xs
-        return _add(carry, token_sums_and_log_z(_chunk_logits(h, w, precision, transposed), t, m)[0]), None
+        logits = _chunk_logits(h, w, precision, transposed, softcap)[0]
+        return _add(carry, token_sums_and_log_z(logits, t, m)[0]), None
 
     sums, _ = lax.scan(body, _zeros(), (hs, ts, ms))
     return _objective(sums, z_weight), sums
 
 
-def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any,
-               transposed: bool, axes: Axes) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
+def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision: Any, transposed: bool,
+               axes: Axes, softcap: float | None) -> tuple[tuple[Array, LossSums], tuple[Array, Array]]:
     vocab = w.shape[0] if transposed else w.shape[1]
 
     def body(carry: tuple[LossSums, Array], xs: tuple[Array, Array, Array]) -> tuple[tuple[LossSums, Array], Array]:
         sums, dw = carry
         h, t, m = xs
-        logits = _chunk_logits(h, w, precision, transposed)
+        logits, dcap = _chunk_logits(h, w, precision, transposed, softcap)
         chunk, log_z = token_sums_and_log_z(logits, t, m)
         # d objective / d logits = m * ((1 + 2 z log Z) softmax - onehot(t))
         scale = (m * (1.0 + 2.0 * z_weight * log_z))[..., None]
         onehot = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == t[..., None]
-        dlogits = (jnp.exp(logits - log_z[..., None]) * scale - jnp.where(onehot, m[..., None], 0.0)).astype(w.dtype)
+        dlogits = jnp.exp(logits - log_z[..., None]) * scale - jnp.where(onehot, m[..., None], 0.0)
+        dlogits = (dlogits if dcap is None else dlogits * dcap).astype(w.dtype)
         dh = dot(dlogits, w, rhs_transposed=not transposed, precision=precision)
         dw = dw + _head_grad(h, dlogits, axes, precision)
         return (_add(sums, chunk), dw), dh.astype(h.dtype)
@@ -162,7 +177,7 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
     return (_objective(sums, z_weight), sums), (dhs, dw)
 
 
-def _fused_bwd(z_weight: float, precision: Any, transposed: bool, axes: Axes,
+def _fused_bwd(z_weight: float, precision: Any, transposed: bool, axes: Axes, softcap: float | None,
                res: tuple[Array, Array], cotangents: tuple[Array, LossSums]) -> tuple[Array, Array, None, None]:
     dhs, dw = res
     g = cotangents[0]  # the sums are metrics: their cotangents are ignored

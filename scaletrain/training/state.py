@@ -18,6 +18,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from scaletrain.models.lora import split_trainable
 from scaletrain.parallel.host import to_host
 
 
@@ -30,11 +31,13 @@ class TrainState:
     opt_state: Any
     rng: jax.Array
     graphdef: Any = struct.field(pytree_node=False)
+    # LoRA: the frozen base (never differentiated, optimised or checkpointed); None otherwise
+    frozen: Any = None
 
     @property
     def model(self) -> nnx.Module:
         """The module with this state's parameters (cheap: shares the arrays)."""
-        return nnx.merge(self.graphdef, self.params)
+        return nnx.merge(self.graphdef, self.params, *(() if self.frozen is None else (self.frozen,)))
 
     @property
     def num_params(self) -> int:
@@ -49,15 +52,18 @@ def create_train_state(
     Each optimizer moment gets its parameter's sharding (``optax.tree_map_params``);
     scalars such as counters are replicated. Without explicit shardings a donated
     step can fail with incompatible devices.
+
+    A LoRA model (:func:`scaletrain.models.lora.apply_lora`) is split into its adapters,
+    which are ``params`` (the only part differentiated and given optimizer moments), and
+    its frozen base, ``frozen``.
     """
-    graphdef, state = nnx.split(model)
-    params = nnx.to_pure_dict(state)
+    graphdef, params, frozen = split_trainable(model)
     replicated = NamedSharding(mesh, PartitionSpec())
     with jax.set_mesh(mesh):
         opt_state = jax.jit(tx.init, out_shardings=optimizer_shardings(tx, params, mesh))(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
         rng = jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated)
-    return TrainState(step=step, params=params, opt_state=opt_state, rng=rng, graphdef=graphdef)
+    return TrainState(step=step, params=params, opt_state=opt_state, rng=rng, graphdef=graphdef, frozen=frozen)
 
 
 def adopt_state(given: TrainState, built: TrainState) -> TrainState:
@@ -81,6 +87,7 @@ def adopt_state(given: TrainState, built: TrainState) -> TrainState:
         else built.opt_state,
         "rng": jax.device_put(given.rng, built.rng.sharding),
         "graphdef": built.graphdef,
+        "frozen": built.frozen,
     }
     extra = {}
     for field in dataclasses.fields(given):

@@ -20,6 +20,7 @@ from jax import lax
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.fused_loss import fused_head_loss
 from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
+from scaletrain.training.router_losses import hidden_and_router_stats, router_metrics, router_objective, router_sums
 from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -35,22 +36,27 @@ GUARD = "auto"
 
 
 def _forward(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | None = None,
-             z_loss: float = 0.0) -> tuple[jax.Array, LossSums]:
-    """``(objective, sums)``: the summed loss to differentiate (``loss + z_loss * z_loss``) and the metrics.
+             z_loss: float = 0.0, frozen: Any = None) -> tuple[jax.Array, tuple[LossSums, dict[str, jax.Array]]]:
+    """``(objective, (sums, router))``: the summed loss to differentiate (``loss + z_loss * z_loss``, plus a
+    mixture of experts' router losses) and the metrics' sums (``router``: :func:`router_sums`, ``{}`` if dense).
 
     With ``loss_chunk_size`` the head and the loss run chunk by chunk with their
     gradient computed in the forward pass (:func:`fused_head_loss`: no whole logits).
+    ``frozen``: a LoRA model's base, merged in but not differentiated (``TrainState.frozen``).
     """
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
     mask = target_mask(batch["input_ids"], batch.get("segment_ids"), batch.get("loss_mask"))
-    hidden = model.hidden_states(batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
+    hidden, stats = hidden_and_router_stats(model, batch)
     if loss_chunk_size:
         kernel, transposed = model.lm_head_weight()
         pa = model.config.partition_axis
-        return fused_head_loss(hidden, kernel, batch["input_ids"], mask, model.dtype, loss_chunk_size, z_loss,
-                               model.precision, transposed, pa.batch_axis, pa.sequence_axis)
-    sums = cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
-    return sums.loss + z_loss * sums.z_loss, sums
+        objective, sums = fused_head_loss(hidden, kernel, batch["input_ids"], mask, model.dtype, loss_chunk_size,
+                                          z_loss, model.precision, transposed, pa.batch_axis, pa.sequence_axis,
+                                          model.logit_softcap())
+    else:
+        sums = cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
+        objective = sums.loss + z_loss * sums.z_loss
+    return objective + router_objective(model, stats, sums.tokens), (sums, router_sums(stats, sums.tokens))
 
 
 def split_microbatches(batch: Batch, num: int) -> Batch:
@@ -104,23 +110,24 @@ def train_step(
     the state that later checkpoints save.
     """
 
-    def objective(params: Any, micro: Batch) -> tuple[jax.Array, LossSums]:
-        return _forward(state.graphdef, params, micro, loss_chunk_size, z_loss)
+    def objective(params: Any, micro: Batch) -> tuple[jax.Array, tuple[LossSums, dict[str, jax.Array]]]:
+        return _forward(state.graphdef, params, micro, loss_chunk_size, z_loss, state.frozen)
 
     grad_fn = jax.grad(objective, has_aux=True)
     if gradient_accumulation_steps == 1:
-        grads, sums = grad_fn(state.params, batch)
+        grads, (sums, router) = grad_fn(state.params, batch)
     else:
         micro = split_microbatches(batch, gradient_accumulation_steps)
+        metric_shapes = jax.eval_shape(objective, state.params, jax.tree.map(lambda x: x[0], micro))[1]
         zeros = (
             jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
-            LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields)),
+            jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes),
         )
 
         def body(carry: Any, mb: Batch) -> tuple[Any, None]:
             return _sum_tree(carry, grad_fn(state.params, mb)), None
 
-        (grads, sums), _ = lax.scan(body, zeros, micro)
+        (grads, (sums, router)), _ = lax.scan(body, zeros, micro)
     denom = jnp.maximum(sums.tokens, 1.0)
     # Gradients are summed and normalised in float32 whatever the parameters' dtype
     # (bf16 parameters give bf16 gradients; the optimizer reads float32, see optim.in_float32).
@@ -148,6 +155,7 @@ def train_step(
         "tokens": sums.tokens,
         "grad_norm": grad_norm,
         "nonfinite": 1.0 - finite.astype(jnp.float32),
+        **router_metrics(router, denom),
     }
     if log_grad_norms:
         metrics.update(group_norms(grads, "grad_norm"))
@@ -160,12 +168,13 @@ def eval_step(state: TrainState, batch: Batch, *, gradient_accumulation_steps: i
               loss_chunk_size: int | None = None) -> LossSums:
     """Loss sums for ``batch`` (no update), in micro-batches like the train step."""
     if gradient_accumulation_steps == 1:
-        return _forward(state.graphdef, state.params, batch, loss_chunk_size)[1]
+        return _forward(state.graphdef, state.params, batch, loss_chunk_size, frozen=state.frozen)[1][0]
     micro = split_microbatches(batch, gradient_accumulation_steps)
     zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
 
     def body(carry: LossSums, mb: Batch) -> tuple[LossSums, None]:
-        return _sum_tree(carry, _forward(state.graphdef, state.params, mb, loss_chunk_size)[1]), None
+        return _sum_tree(carry, _forward(state.graphdef, state.params, mb, loss_chunk_size,
+                                         frozen=state.frozen)[1][0]), None
 
     sums, _ = lax.scan(body, zeros, micro)
     return sums

@@ -1,0 +1,259 @@
+"""LoRA and QLoRA on any family built from :class:`~scaletrain.models.llama.Dense`.
+
+:func:`apply_lora` replaces the targeted ``Dense`` layers of a model in place by
+:class:`LoRADense`: the same ``kernel`` (and bias) plus ``lora_a`` [in, r] and
+``lora_b`` [r, out], so ``y = x W + scaling * (x A) B``. A starts random (PEFT's
+Kaiming-uniform bound ``1/sqrt(in)``) and B at zero, so before its first step the model
+computes exactly what its base does. With ``quantize`` every linear layer but the LM
+head keeps its weight as int8 / NF4 blocks (:mod:`scaletrain.models.quantize`),
+dequantised where it is used, inside the jitted step.
+
+The adapters are their own variable type, :class:`LoRAParam`, so
+:func:`split_trainable` separates them (and the embeddings / norms when asked) from the
+frozen base with one ``nnx.split``: the trainer differentiates and optimises only that
+part, and checkpoints hold only it (the base is named and digested instead).
+Parameter paths stay those of the base (``model.layers.0.self_attn.q_proj.kernel``),
+so the HF export, partition rules and loaders see the model they know.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from scaletrain.errors import ConfigError
+from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.llama import Dense
+from scaletrain.models.lora_config import LoRAConfig
+from scaletrain.models.quantize import dequantize, quantize
+from scaletrain.parallel.partition import shardings_for_state
+
+__all__ = ["LoRAConfig", "LoRADense", "LoRAParam", "QuantizedWeight", "apply_lora", "dense_layers",
+           "lora_config_of", "merge_lora", "split_trainable", "target_paths", "trainable_count"]
+
+#: Linear layers that never get an adapter or a quantised weight (PEFT's all-linear skips the output layer).
+OUTPUT_LAYER = "lm_head"
+
+
+class LoRAParam(nnx.Param):
+    """A trainable adapter matrix (``lora_a`` / ``lora_b``)."""
+
+
+class QuantizedWeight(nnx.Variable):
+    """Int8 / NF4 codes or block absmax of a frozen kernel: state, but never a parameter to train."""
+
+
+class LoRADense(Dense):
+    """A ``Dense`` whose kernel is frozen (maybe quantised), plus an optional low-rank update.
+
+    Built from an existing ``Dense`` by :func:`apply_lora`, never directly; ``rank`` 0
+    means no adapter (a quantised layer that is not a target).
+    """
+
+    def __init__(self, base: Dense, *, rank: int, scaling: float, quant: str | None, block_size: int,
+                 key: jax.Array):
+        kernel = base.kernel
+        axes = tuple(kernel.get_metadata()["logical_axes"])
+        n_in, n_out = kernel.shape
+        self.bias, self.dtype, self.precision = base.bias, base.dtype, base.precision
+        self.quant, self.rank, self.scaling = quant, rank, scaling
+        self.base_dtype = jnp.dtype(kernel.dtype)
+        if quant is None:
+            self.kernel = kernel
+            self.kernel_codes = self.kernel_absmax = None
+        else:
+            if n_in % block_size:
+                raise ConfigError(f"lora.block_size={block_size} does not divide the input size {n_in} of a "
+                                  f"{axes} layer; pick a block size that divides every linear layer's input")
+            codes, absmax = quantize(kernel[...], kind=quant, block_size=block_size)
+            self.kernel = None
+            self.kernel_codes = QuantizedWeight(codes, logical_axes=axes)
+            self.kernel_absmax = QuantizedWeight(absmax, logical_axes=axes)
+        if rank:
+            bound = 1.0 / math.sqrt(n_in)
+            self.lora_a = LoRAParam(jax.random.uniform(key, (n_in, rank), jnp.float32, -bound, bound),
+                                    logical_axes=(axes[0], None))
+            self.lora_b = LoRAParam(jnp.zeros((rank, n_out), jnp.float32), logical_axes=(None, axes[1]))
+        else:
+            self.lora_a = self.lora_b = None
+
+    def base_kernel(self) -> jax.Array:
+        """The frozen kernel [in, out] (dequantised for QLoRA) in its stored dtype."""
+        if self.kernel is not None:
+            return self.kernel[...]
+        return dequantize(self.kernel_codes[...], self.kernel_absmax[...], self.quant, self.base_dtype)
+
+    def delta(self) -> jax.Array:
+        """``scaling * A @ B`` [in, out] in float32: what merging adds to the kernel."""
+        return self.scaling * (self.lora_a[...].astype(jnp.float32) @ self.lora_b[...].astype(jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(self.dtype)
+        y = matmul(x, self.base_kernel().astype(self.dtype), precision=self.precision)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        if self.lora_a is None:
+            return y
+        low = matmul(x, self.lora_a[...].astype(self.dtype), precision=self.precision)
+        return y + self.scaling * matmul(low, self.lora_b[...].astype(self.dtype), precision=self.precision)
+
+
+def lora_config_of(model: nnx.Module) -> LoRAConfig | None:
+    """The config :func:`apply_lora` gave ``model``, or None for a plain model."""
+    return getattr(model, "lora_config", None)
+
+
+def dense_layers(model: nnx.Module) -> list[tuple[str, nnx.Module, Any, Dense]]:
+    """``(dotted path, parent, key in parent, layer)`` for every Dense, in the model's order."""
+    found = []
+    for path, module in nnx.iter_modules(model):
+        for key, child in list(vars(module).items()):
+            if isinstance(child, Dense):
+                found.append((".".join(str(p) for p in (*path, key)), module, key, child))
+    return sorted(found, key=lambda item: _natural(item[0]))
+
+
+def _natural(path: str) -> list[Any]:
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.split(".")]
+
+
+def _is_target(path: str, targets: tuple[str, ...] | str) -> bool:
+    """PEFT's rule: a string is ``all-linear`` or a regex over the whole path; a list matches path ends."""
+    if path.split(".")[-1] == OUTPUT_LAYER:
+        return False
+    if targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        return re.fullmatch(targets, path) is not None
+    return any(path == t or path.endswith("." + t) for t in targets)
+
+
+def target_paths(model: nnx.Module, config: LoRAConfig) -> list[str]:
+    """The dotted paths of the linear layers ``config.target_modules`` selects (ConfigError if none)."""
+    layers = [path for path, *_ in dense_layers(model)]
+    chosen = [p for p in layers if _is_target(p, config.target_modules)]
+    head = [p for p in layers if p.split(".")[-1] == OUTPUT_LAYER]
+    if head and not isinstance(config.target_modules, str) and OUTPUT_LAYER in config.target_modules:
+        raise ConfigError("lora.target_modules names lm_head: an adapter on the output layer is not supported; "
+                          "train it in full with lora.train_embeddings: true instead")
+    if not chosen:
+        names = sorted({p.split(".")[-1] for p in layers if p not in head})
+        raise ConfigError(f"lora.target_modules={config.target_modules!r} matches no linear layer of this model; "
+                          f"its linear layers are named {names} (or use 'all-linear')")
+    return chosen
+
+
+def apply_lora(model: nnx.Module, config: LoRAConfig) -> nnx.Module:
+    """Give ``model`` adapters (and a quantised / cast base) in place, as ``config`` says; returns it.
+
+    The new arrays are placed by the model's partition rules on the mesh its parameters
+    live on (adapters: A sharded like the kernel's input axis, B like its output axis).
+    """
+    if lora_config_of(model) is not None:
+        raise ConfigError("this model already has LoRA adapters; build a fresh base model to apply another config")
+    targets = set(target_paths(model, config))
+    key = jax.random.key(config.seed)
+    for i, (path, parent, name, layer) in enumerate(dense_layers(model)):
+        is_head = path.split(".")[-1] == OUTPUT_LAYER
+        quant = None if is_head else config.quantize
+        if path not in targets and quant is None:
+            continue
+        new = LoRADense(layer, rank=config.rank if path in targets else 0, scaling=config.scaling, quant=quant,
+                        block_size=config.block_size, key=jax.random.fold_in(key, i))
+        setattr(parent, name, new)
+    model.lora_config = config
+    if config.base_dtype is not None:
+        dtype = jnp.dtype(config.base_dtype)
+        for _, var in nnx.iter_graph(model):
+            if type(var) is nnx.Param and not _trainable_var(config, var) and jnp.issubdtype(var.dtype, jnp.floating):
+                var.set_value(var[...].astype(dtype))
+    _place_like_base(model)
+    return model
+
+
+def _place_like_base(model: nnx.Module) -> None:
+    """Shard every array by the partition rules on the mesh the base already lives on (if any)."""
+    mesh = None
+    for leaf in jax.tree.leaves(nnx.state(model)):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            mesh = sharding.mesh
+            break
+    if mesh is None:
+        return
+    state = nnx.state(model)
+    shardings = shardings_for_state(state, model.config.partition_axis, mesh)
+    nnx.update(model, jax.device_put(nnx.to_pure_dict(state), shardings))
+
+
+def _trainable_var(config: LoRAConfig, var: nnx.Variable) -> bool:
+    """Adapters always; embeddings / LM head and norm weights when the config says so (by logical axes)."""
+    if isinstance(var, LoRAParam):
+        return True
+    if type(var) is not nnx.Param:
+        return False
+    axes = tuple(var.get_metadata().get("logical_axes") or ())
+    if config.train_embeddings and "vocab" in axes:
+        return True
+    return config.train_norms and axes == ("norm",)
+
+
+def split_trainable(model: nnx.Module) -> tuple[Any, Any, Any]:
+    """``(graphdef, trainable, frozen)`` as pure dicts; ``frozen`` is None for a model without LoRA.
+
+    ``nnx.merge(graphdef, trainable, frozen)`` rebuilds the model.
+    """
+    config = lora_config_of(model)
+    if config is None:
+        graphdef, state = nnx.split(model)
+        return graphdef, nnx.to_pure_dict(state), None
+    graphdef, trainable, frozen = nnx.split(model, lambda _, var: _trainable_var(config, var), ...)
+    return graphdef, nnx.to_pure_dict(trainable), nnx.to_pure_dict(frozen)
+
+
+def trainable_count(model: nnx.Module) -> int:
+    """How many numbers training changes (PEFT's ``get_nb_trainable_parameters()[0]`` for the same setup)."""
+    _, trainable, _ = split_trainable(model)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainable))
+
+
+def _plain_dense(layer: LoRADense, kernel: jax.Array, model: nnx.Module) -> Dense:
+    """A ``Dense`` holding ``kernel`` (built abstractly, so no random kernel is ever allocated)."""
+    axes = tuple(layer.kernel_codes.get_metadata()["logical_axes"]) if layer.kernel is None else \
+        tuple(layer.kernel.get_metadata()["logical_axes"])
+    dense = nnx.eval_shape(lambda: Dense(kernel.shape[0], kernel.shape[1], axes, use_bias=False, config=model.config,
+                                         dtype=layer.dtype, param_dtype=kernel.dtype, precision=layer.precision,
+                                         rngs=nnx.Rngs(0)))
+    dense.kernel = nnx.Param(kernel, logical_axes=axes)
+    dense.bias = layer.bias
+    return dense
+
+
+def merge_lora(model: nnx.Module, dtype: Any = None) -> nnx.Module:
+    """A plain model (same class, no adapters) with ``W + scaling * A B`` in every adapted layer.
+
+    Quantised layers are dequantised; merged kernels take ``dtype`` (default: the
+    model's ``param_dtype``). ``model`` itself is left as it is.
+    """
+    if lora_config_of(model) is None:
+        return model
+    graphdef, state = nnx.split(model)
+    merged = nnx.merge(graphdef, state)  # a new module graph sharing the arrays
+    dtype = jnp.dtype(dtype or merged.param_dtype)
+    for _, parent, name, layer in dense_layers(merged):
+        if isinstance(layer, LoRADense):
+            kernel = layer.base_kernel().astype(jnp.float32)
+            if layer.lora_a is not None:
+                kernel = kernel + layer.delta()
+            setattr(parent, name, _plain_dense(layer, kernel.astype(dtype), merged))
+    for _, var in nnx.iter_graph(merged):  # a base cast to lora.base_dtype goes back to the model's dtype
+        if type(var) is nnx.Param and jnp.issubdtype(var.dtype, jnp.floating) and var.dtype != dtype:
+            var.set_value(var[...].astype(dtype))
+    merged.lora_config = None
+    return merged
