@@ -44,13 +44,3 @@ def pytest_sessionfinish(session, exitstatus):
         import shutil
 
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): a test file runs on one
-    process, so its module fixtures (a reference run, a converted model) are built once, and
-    every test that starts Ray runs on the same process, so two local Ray instances never
-    compete. Without xdist the marker does nothing."""
-    for item in items:
-        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
