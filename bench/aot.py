@@ -95,8 +95,8 @@ def has_compiler(platform: str) -> bool:
         return False
 
 
-def reexec_in_venv(platform: str, argv: list[str]) -> int:
-    """Run this script again in the venv with that platform's compiler (created on first use)."""
+def reexec_in_venv(platform: str, argv: list[str], script: str = __file__) -> int:
+    """Run ``script`` (this one by default) again in the venv with that platform's compiler (created on first use)."""
     from envs import ensure_venv
 
     interp = ensure_venv(VENV[platform])
@@ -104,7 +104,7 @@ def reexec_in_venv(platform: str, argv: list[str]) -> int:
         print(f"[aot] {interp.reason}", file=sys.stderr)
         return 1
     env = {**os.environ, **AOT_ENV[platform], "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([interp.python, os.path.abspath(__file__), *argv], env=env).returncode
+    return subprocess.run([interp.python, os.path.abspath(script), *argv], env=env).returncode
 
 
 def gpu_devices(target: str, count: int = 1) -> tuple[list[Any], dict[str, Any]]:
@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--remat", default="none", help="gradient_checkpointing policy")
     p.add_argument("--attn", default="auto", help="attn_mechanism: auto (cuDNN on GPU), cudnn, xla")
     p.add_argument("--batches", default="packed,tokens", help="batch kinds to compile (packed, tokens)")
+    p.add_argument("--fp8", action="store_true", help="the projections in FP8 (model.fp8): look for cuBLASLt f8 GEMMs")
     p.add_argument("--devices", type=int, default=1, help="GPUs on the one host (a TPU topology names its own)")
     p.add_argument("--dims", default=None,
                    help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     seq = a.seq or (64 if a.tiny else 2048)
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else (1, -1, 1, 1, 1)
     cfg = LlamaConfig(**(TINY if a.tiny else MODELS[a.model]), gradient_checkpointing=a.remat, attn_mechanism=a.attn,
-                      sharding_axis_dims=dims)
+                      sharding_axis_dims=dims, fp8=a.fp8)
     model = "tiny" if a.tiny else a.model
     runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
     result = {
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "jax": jax.__version__,
         "config": {"model": model, "devices": len(devices), "sharding_axis_dims": dims,
                    "batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
-                   "attn_mechanism": a.attn},
+                   "attn_mechanism": a.attn, "fp8": a.fp8},
         "runs": runs,
     }
     where = "cpu" if a.cpu else a.target.replace(":", "-") + (f"x{len(devices)}" if platform == "cuda"

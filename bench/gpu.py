@@ -8,6 +8,11 @@ cuDNN fused attention where the backend has it (``attn_mechanism="auto"``), the
 chunked loss for the 128k vocabulary. MFU is against the device's dense bf16 peak
 from ``scaletrain.training.metrics.PEAK_FLOPS`` (989 TFLOP/s for H100/H200).
 
+``--fp8`` runs the q/k/v/o and MLP projections as FP8 GEMMs (``model.fp8``: e4m3 forward,
+e5m2 gradients, current per-tensor scaling; cuBLASLt FP8 on Hopper, emulated elsewhere),
+for the tokens/s ratio against the bf16 run of the same command; MFU stays against the
+bf16 peak, so the two runs' MFUs compare like their tokens/s.
+
 ``--tiny`` swaps in a toy model and a few steps so the same code path runs end to
 end on a CPU (that is what the test suite does); its numbers mean nothing.
 """
@@ -52,6 +57,22 @@ def process_start_time() -> float:
         return time.time()
 
 
+def packed_layout(rows: int, seq: int, shortest: int, longest: int) -> tuple[Any, Any]:
+    """Segment ids (1, 2, ...) and per-document positions [rows, seq] of documents of random lengths."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    segments = np.zeros((rows, seq), np.int32)
+    positions = np.zeros((rows, seq), np.int32)
+    for r in range(rows):
+        start, doc = 0, 1
+        while start < seq:
+            n = min(int(rng.integers(shortest, longest + 1)), seq - start)
+            segments[r, start:start + n], positions[r, start:start + n] = doc, np.arange(n)
+            start, doc = start + n, doc + 1
+    return segments, positions
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     launched = process_start_time()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,6 +84,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--remat", default="none", help="gradient_checkpointing policy (none, full, dots, ...)")
     p.add_argument("--attn", default="auto", help="attn_mechanism: auto (cuDNN on GPU), cudnn, xla")
+    p.add_argument("--fp8", action="store_true", help="FP8 projection matmuls (model.fp8; see scaletrain.models.fp8)")
+    p.add_argument("--packed", action="store_true",
+                   help="rows of several documents (64-1024 tokens; tiny 4-16): segment ids and positions, "
+                        "so attention gets the same-document mask (cuDNN: a bias; --attn pallas: segment ids)")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-<date>.json)")
     a = p.parse_args(argv)
     steps = a.steps or (4 if a.tiny else 30)
@@ -81,11 +106,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from scaletrain.training.metrics import peak_flops_per_device
 
     arch = TINY if a.tiny else LLAMA_1B
-    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn)
+    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, fp8=a.fp8)
     model, _ = create_sharded_model(LlamaForCausalLM, cfg, dtype=a.dtype, param_dtype="float32")
     rows = steps * batch
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, seq), dtype=np.int32)
-    data = PackedRows(tokens, np.ones_like(tokens), np.broadcast_to(np.arange(seq, dtype=np.int32), tokens.shape).copy())
+    if a.packed:  # documents of random length per row, as first-fit packing leaves them (last one cut)
+        segments, positions = packed_layout(rows, seq, *((4, 16) if a.tiny else (64, 1024)))
+        data = PackedRows(tokens, segments, positions)
+    else:
+        data = PackedRows(tokens, np.ones_like(tokens), np.broadcast_to(np.arange(seq, dtype=np.int32),
+                                                                        tokens.shape).copy())
 
     marks = sorted({1, *range(window, steps + 1, window)})
     times: dict[int, float] = {}
@@ -123,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "measured_on": f"{device.platform}: {device.device_kind}",
         "num_params": num_params,
         "config": {"batch": batch, "seq": seq, "steps": steps, "window": window, "dtype": a.dtype,
-                   "param_dtype": "float32", "remat": a.remat, "attn_mechanism": a.attn,
+                   "param_dtype": "float32", "remat": a.remat, "attn_mechanism": a.attn, "fp8": a.fp8,
+                   "packed": a.packed,
                    "fused_attention": use_fused_attention(a.attn, jax.numpy.dtype(a.dtype), cfg.head_dim)},
         "tokens_per_s": tps,
         "tflops": tps * fpt / 1e12,

@@ -17,6 +17,7 @@ interrupted conversion is never mistaken for a finished one.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -65,6 +66,16 @@ def convert(out_dir: str | None = None, force: bool = False) -> str:
     out_dir = os.path.abspath(out_dir or default_output_dir())
     if is_converted(out_dir) and not force:
         return out_dir
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    # one converter at a time (parallel test processes, two runs): the others wait, then find it done
+    with open(f"{out_dir}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_converted(out_dir) and not force:
+            return out_dir
+        return _convert(out_dir)
+
+
+def _convert(out_dir: str) -> str:
     if os.path.exists(out_dir) and os.listdir(out_dir) and not is_converted(out_dir):
         raise SystemExit(f"{out_dir}: exists, is not empty and is not a converted SmolLM2 folder; remove it or pass --out")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below reads local files only

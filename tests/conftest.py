@@ -44,3 +44,22 @@ def pytest_sessionfinish(session, exitstatus):
         import shutil
 
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup --no-loadscope-reorder``): a
+    test file runs on one process, so its module fixtures (a reference run, a converted model)
+    are built once, and every test that starts Ray (marked ``ray``, or in a ``test_ray*`` file)
+    runs on the same process, first: Ray's ``address=auto`` finds any cluster on the machine, so
+    two never run at once, and the longest group starts while the other process takes the rest.
+    Without xdist nothing changes."""
+    if not hasattr(config, "workerinput"):
+        return
+
+    def is_ray(item):
+        return item.get_closest_marker("ray") is not None or item.path.name.startswith("test_ray")
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("ray" if is_ray(item) else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: not is_ray(item))  # stable: the file order stays within each part

@@ -15,19 +15,18 @@ from scaletrain.models.attention import rope_inv_freq
 from scaletrain.models.hf import save_hf_checkpoint
 from scaletrain.models.registry import AutoModelForCausalLM
 from hf_testing import (
+    assert_logits_match,
     convert_smollm2,
     hf_logits,
     hf_model,
+    load_back_unchanged,
     our_logits,
-    rel_diff,
     save_hf,
     smollm2_missing_reason,
 )
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-TOL = 1e-4  # max |diff| / max |logit|
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -64,9 +63,7 @@ def test_logits_match_transformers(case: str, tmp_path) -> None:
     model = AutoModelForCausalLM.from_pretrained(save_hf(ref_model, tmp_path / "hf"))
     assert model.config.model_type == family
     ids = _ids()  # 40 tokens: longer than the sliding windows (8) and llama3's original context (32)
-    diff = rel_diff(our_logits(model, ids), hf_logits(ref_model, ids))
-    print(f"{case}: max rel diff {diff:.2e}")
-    assert diff < TOL
+    assert_logits_match(case, our_logits(model, ids), hf_logits(ref_model, ids))
 
 
 def test_left_padded_batch_matches_transformers(tmp_path) -> None:
@@ -77,8 +74,7 @@ def test_left_padded_batch_matches_transformers(tmp_path) -> None:
     mask[0, :5] = 0
     mask[2, :11] = 0
     ids[mask == 0] = 0
-    diff = rel_diff(our_logits(model, ids, mask), hf_logits(ref_model, ids, mask), mask)
-    assert diff < TOL
+    assert_logits_match("mistral-left-padded", our_logits(model, ids, mask), hf_logits(ref_model, ids, mask), mask)
 
 
 @pytest.mark.parametrize("rope", ["linear", "llama3"])
@@ -118,11 +114,7 @@ def test_round_trip_hf_scaletrain_hf(case: str, tmp_path) -> None:
     model = AutoModelForCausalLM.from_pretrained(save_hf(ref_model, tmp_path / "hf"))
     out = model.save_pretrained(str(tmp_path / "export"))
     assert out == str(tmp_path / "export")
-    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert type(back) is type(ref_model)
-    original = ref_model.state_dict()
-    for name, tensor in back.state_dict().items():
-        assert torch.equal(tensor, original[name]), name
+    back = load_back_unchanged(out, ref_model)
     ids = _ids()
     np.testing.assert_array_equal(hf_logits(back, ids), hf_logits(ref_model, ids))
     config = json.load(open(os.path.join(out, "config.json")))
@@ -144,7 +136,7 @@ def test_sharded_checkpoint_loads_sharded_on_8_devices(tmp_path) -> None:
     emb = model.model.embed_tokens[...]
     assert len({str(s.index) for s in emb.addressable_shards}) == 8
     ids = _ids()
-    assert rel_diff(our_logits(model, ids), hf_logits(ref_model, ids)) < TOL
+    assert_logits_match("llama-sharded", our_logits(model, ids), hf_logits(ref_model, ids))
 
     # a sharded export, gathered one tensor at a time, is read back by transformers
     out = save_hf_checkpoint(model, tmp_path / "export", max_shard_size="30KB")
@@ -242,9 +234,7 @@ def test_smollm2_matches_transformers() -> None:
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     model = scaletrain.AutoModelForCausalLM.from_pretrained(folder)
     assert model.config.tie_word_embeddings and model.config.num_key_value_heads == 3
-    diff = rel_diff(our_logits(model, ids), hf_logits(ref_model, ids))
-    print(f"smollm2-135m: max rel diff {diff:.2e}")
-    assert diff < TOL
+    assert_logits_match("smollm2-135m", our_logits(model, ids), hf_logits(ref_model, ids))
 
     with jax.set_mesh(jax.tree.leaves(model)[0].sharding.mesh):
         ours = generate(model, ids, max_new_tokens=32)

@@ -10,18 +10,20 @@ all-to-all dispatch on three meshes against one device.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError
-from scaletrain.generation import generate, left_pad
 from scaletrain.models.factory import place_model
 from scaletrain.models.hf_config import config_from_hf
 from scaletrain.models.moe_config import MixtralConfig
@@ -29,51 +31,43 @@ from scaletrain.models.moe_decoder import MixtralForCausalLM
 from scaletrain.models.registry import AutoModelForCausalLM
 from scaletrain.parallel import create_mesh
 from scaletrain.training.optim import make_optimizer, make_schedule
-from scaletrain.training.state import create_train_state, state_shardings
-from scaletrain.training.steps import _forward, make_step_functions
-from hf_testing import rel_diff, save_hf
+from scaletrain.training.state import TrainState, create_train_state, state_shardings
+from scaletrain.training.steps import _forward, make_step_functions, train_step
+from hf_testing import (
+    TINY,
+    assert_greedy_generation_matches,
+    assert_logits_match,
+    hf_model,
+    load_back_unchanged,
+    save_hf,
+)
 from test_sharding import PLAIN_SGD, assert_same_sgd_updates
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOL = 1e-4  # float32 parity: max |diff| / max |logit|, as the issue asks
-NEW = 16
-BASE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
-# (transformers classes, config, the mesh we load it on). Mixtral: top-2 of 4, renormalised, a sliding
+BASE = {k: v for k, v in TINY.items() if k != "intermediate_size"}
+# (config, the mesh we load it on). Mixtral: top-2 of 4, renormalised, a sliding
 # window shorter than the batches, tied head, on fsdp=2 x ep=4; Qwen3-MoE: top-3 of 8 small experts,
 # not renormalised, head_dim != hidden/heads, biases on the attention projections.
 FAMILIES = {
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+    "mixtral": (dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
                      sliding_window=8, tie_word_embeddings=True),
                 (1, 2, 4, 1, 1)),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  dict(intermediate_size=96, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+    "qwen3_moe": (dict(intermediate_size=96, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
                        head_dim=24, norm_topk_prob=False, attention_bias=True, router_aux_loss_coef=0.05),
                   None),
 }
 
 
-def _hf_moe(family: str, seed: int = 3):
-    config_name, model_name, overrides, _ = FAMILIES[family]
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**BASE, **overrides)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
-    model.generation_config.eos_token_id = None  # random models emit eos by chance
-    return model
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def case(request, tmp_path_factory):
     """(family, transformers model, its saved folder, our model loaded from it), built once per family."""
-    ref = _hf_moe(request.param)
+    overrides, dims = FAMILIES[request.param]
+    ref = hf_model(request.param, seed=3, **overrides)
     folder = save_hf(ref, tmp_path_factory.mktemp(request.param) / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, sharding_axis_dims=FAMILIES[request.param][3])
+    model = AutoModelForCausalLM.from_pretrained(folder, sharding_axis_dims=dims)
     assert model.config.model_type == request.param
     return request.param, ref, folder, model
 
@@ -102,9 +96,7 @@ def test_logits_and_losses_match_transformers(case) -> None:
 
     with jax.set_mesh(jax.tree.leaves(params)[0].sharding.mesh):
         logits, (objective, (sums, router)) = ours(params, {"input_ids": ids, "segment_ids": mask})
-    diff = rel_diff(np.asarray(logits), out.logits.numpy(), mask)
-    print(f"{name}: max rel diff {diff:.2e}")
-    assert diff < TOL
+    assert_logits_match(name, np.asarray(logits), out.logits.numpy(), mask)
     np.testing.assert_allclose(router["aux_loss"] / sums.tokens, out.aux_loss.item(), rtol=1e-5)
     np.testing.assert_allclose(objective / sums.tokens, out.loss.item(), rtol=1e-5)
     # each real token is counted once per layer for each of its k experts
@@ -114,14 +106,7 @@ def test_logits_and_losses_match_transformers(case) -> None:
 
 def test_greedy_generation_matches_transformers(case) -> None:
     _, ref, _, model = case
-    rs = np.random.RandomState(1)
-    ids, mask = left_pad([list(rs.randint(3, 128, 11)), list(rs.randint(3, 128, 6))])
-    with torch.no_grad():
-        theirs = ref.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
-                              max_new_tokens=NEW, do_sample=False).numpy()[:, ids.shape[1]:]
-    with jax.set_mesh(jax.tree.leaves(model)[0].sharding.mesh):
-        ours = generate(model, ids, attention_mask=mask, max_new_tokens=NEW)
-    np.testing.assert_array_equal(ours, theirs)
+    assert_greedy_generation_matches(model, ref)
 
 
 def test_round_trip_through_save_pretrained(case, tmp_path) -> None:
@@ -130,12 +115,8 @@ def test_round_trip_through_save_pretrained(case, tmp_path) -> None:
     out = model.save_pretrained(str(tmp_path / "export"), max_shard_size="40KB")
     weight_map = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]
     assert len(set(weight_map.values())) > 1
-    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert type(back) is type(ref)
-    original = ref.state_dict()
-    assert set(back.state_dict()) == set(original)
-    for name, tensor in back.state_dict().items():
-        assert torch.equal(tensor, original[name]), name
+    back = load_back_unchanged(out, ref)
+    assert set(back.state_dict()) == set(ref.state_dict())
     again = AutoModelForCausalLM.from_pretrained(out)
     same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), jax.device_get(nnx.state(again, nnx.Param)),
                         jax.device_get(nnx.state(model, nnx.Param)))
@@ -233,6 +214,32 @@ def test_expert_moments_are_split_like_their_experts(one_device_step) -> None:
     moments = [leaf.sharding.spec for path, leaf in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
                if "experts" in jax.tree_util.keystr(path) and jax.tree_util.keystr(path).endswith("['w2']")]
     assert moments == [kernel_spec, kernel_spec]  # Adam's mu and nu
+
+
+class _TraceCountingMixtral(MixtralForCausalLM):
+    """Mixtral counting the traces of its forward (the real one, called through)."""
+
+    traces = 0
+
+    def hidden_states_and_router_stats(self, *args, **kwargs):
+        type(self).traces += 1
+        return super().hidden_states_and_router_stats(*args, **kwargs)
+
+
+def test_accumulating_step_traces_the_forward_once() -> None:
+    """With gradient accumulation the sums' zeros are shaped from the parameters and the router
+    statistics' known shapes, not from another trace of the forward: one trace per compile."""
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: _TraceCountingMixtral(MixtralConfig(**STEP_MODEL),
+                                                                              rngs=nnx.Rngs(0))))
+    tx = optax.sgd(0.1)
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                       opt_state=jax.eval_shape(tx.init, params), rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
+                       graphdef=graphdef)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in _step_batch().items()}
+    _TraceCountingMixtral.traces = 0
+    metrics = jax.eval_shape(functools.partial(train_step, tx=tx, gradient_accumulation_steps=2), state, batch)[1]
+    assert _TraceCountingMixtral.traces == 1
+    assert {f"moe/expert_{e}_tokens" for e in range(8)} <= set(metrics)  # the router sums are accumulated
 
 
 def test_mixtral_recipe_trains_and_logs_routing(tmp_path) -> None:

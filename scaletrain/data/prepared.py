@@ -14,6 +14,7 @@ Recipes name such a tokenizer ``tokenizer.path: prepared:smollm2``.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import logging
 import os
@@ -75,6 +76,15 @@ def prepare_tokenizer(name: str, cache_dir: str | os.PathLike | None = None, for
     if (dest / "tokenizer.json").is_file() and not force:
         return str(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    # one builder at a time (parallel test processes, two runs): the others wait, then find it built
+    with open(dest.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / "tokenizer.json").is_file() and not force:
+            return str(dest)
+        return _build(name, dest)
+
+
+def _build(name: str, dest: Path) -> str:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     try:
         logger.info("building the %s tokenizer into %s", name, dest)

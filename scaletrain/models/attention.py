@@ -86,6 +86,51 @@ def build_attention_mask(
     return mask[:, None]
 
 
+class PackedSegments(NamedTuple):
+    """A row's segment ids [B, T] (0 = padding), given to attention in place of the [B, 1, T, S]
+    mask when ``attn_mechanism="pallas"``: the segment-aware flash kernel
+    (:mod:`scaletrain.models.flash_attention`) reads them and never builds the mask."""
+
+    ids: Array
+
+
+class ForwardInputs(NamedTuple):
+    """What each attention layer of a training forward reads besides the hidden states."""
+
+    positions: Array  # [B, T] RoPE positions
+    segment_ids: Array  # [B, T] the document of each token, 0 for padding
+    mask: Array | PackedSegments | None  # [B, 1, T, S] boolean, the segment ids, or None for plain causal
+    rope: tuple[Array, Array]  # rope_tables(positions, inv_freq)
+
+
+def prepare_inputs(input_ids: Array, positions: Array | None, segment_ids: Array | None,
+                   attention_mask: Array | None, window: int | None, inv_freq: Array,
+                   mechanism: str = "auto") -> ForwardInputs:
+    """The :class:`ForwardInputs` of one kind of attention layer (its ``window`` and RoPE ``inv_freq``).
+
+    ``segment_ids`` default to ``attention_mask`` (else one segment per row) and ``positions``
+    count each row's real tokens. A model whose layers differ in window or RoPE (Gemma 3's
+    local and global layers) calls this once per kind with the same inputs, so every family
+    reads the inputs one way. With no segment ids, attention mask or window, every row is one
+    unpadded sequence: ``mask`` is None, plain causal attention with no [B, 1, T, S] mask to
+    build, read, or (on cuDNN, where a mask becomes a bias) differentiate. With
+    ``mechanism="pallas"`` (no window: the config refuses one) ``mask`` is the
+    :class:`PackedSegments` instead of the dense mask.
+    """
+    causal_only = segment_ids is None and attention_mask is None and window is None
+    if segment_ids is None:
+        segment_ids = attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
+    if positions is None:
+        positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
+    if causal_only:
+        mask = None
+    elif mechanism == "pallas" and window is None:
+        mask = PackedSegments(segment_ids)
+    else:
+        mask = build_attention_mask(segment_ids, positions, window)
+    return ForwardInputs(positions, segment_ids, mask, rope_tables(positions, inv_freq))
+
+
 class KVCache(NamedTuple):
     """One layer's keys and values, [B, S, kv_heads, head_dim], for S fixed cache slots."""
 
@@ -197,7 +242,7 @@ def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_prob
             raise ConfigError(f"model.attn_mechanism: 'cudnn' {sharding_problem}; use 'auto' (einsum attention "
                               "there) or change mesh.axis_dims")
         return True
-    if mechanism not in ("auto", "sdpa"):
+    if mechanism not in ("auto", "sdpa", "pallas"):  # pallas: rows without segments are plain causal
         return False
     return (
         active_platform() == "gpu"

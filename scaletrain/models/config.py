@@ -15,7 +15,7 @@ import os
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
-from pydantic import ConfigDict, field_validator, model_validator
+from pydantic import ConfigDict, StrictBool, field_validator, model_validator
 
 from scaletrain.config_keys import ConfigModel
 from scaletrain.errors import ConfigError
@@ -32,7 +32,7 @@ DTYPES: dict[str, Any] = {
 # Config fields that change how a model runs (remat, attention kernel and its dtypes), not
 # its architecture or weights: the only ones a user may set on top of a pretrained model or
 # a loaded checkpoint. The mesh fields (sharding_*, partition_axis) are placement, set apart.
-RUNTIME_KEYS = ("gradient_checkpointing", "attn_mechanism", "attn_dtype", "attn_softmax_dtype")
+RUNTIME_KEYS = ("gradient_checkpointing", "attn_mechanism", "attn_dtype", "attn_softmax_dtype", "fp8")
 
 
 def dtype_name(value: Any) -> str:
@@ -90,6 +90,9 @@ class LlamaConfig(ConfigModel):
     attn_mechanism: str = "auto"
     attn_dtype: str | None = None
     attn_softmax_dtype: str | None = "float32"
+    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.fp8; strict,
+    # so a YAML string ("yes") is an error, not True
+    fp8: StrictBool = False
     sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
     sharding_axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
     sharding_dcn_axis_dims: tuple[int, ...] | None = None
@@ -117,6 +120,9 @@ class LlamaConfig(ConfigModel):
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("linear", "llama3", "default"):
                 raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+        if self.attn_mechanism == "pallas" and effective_sliding_window(self) is not None:
+            raise ValueError(f"attn_mechanism 'pallas' (segment-aware flash attention) has no sliding window and "
+                             f"this model attends within sliding_window={self.sliding_window}; use 'auto'")
         return self
 
     @field_validator("gradient_checkpointing", mode="before")

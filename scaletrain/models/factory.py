@@ -2,7 +2,10 @@
 
 ``nnx.eval_shape`` gives the abstract parameters with their ``logical_axes``; the
 real initialiser then runs under ``jax.jit`` with ``out_shardings``, so no device
-ever holds an unsharded copy of a large tensor.
+ever holds an unsharded copy of a large tensor. It runs as several small programs
+(:class:`Initialiser`): the model without its layers, and one per distinct layer shape,
+because one whole-model program takes XLA a time that grows faster than depth to
+compile (74 s of a 1B model's first step on an H100; ``bench/init_compile.py``).
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from scaletrain.models import layer_stack
 from scaletrain.models.config import LlamaConfig, to_dtype
 from scaletrain.parallel.mesh import create_mesh
 from scaletrain.parallel.partition import shardings_for_state
@@ -98,15 +103,103 @@ def create_sharded_model(
     mesh = mesh if mesh is not None else mesh_for_config(config)
     abstract = abstract_model(module_class, config, dtype=dtype, param_dtype=param_dtype, precision=precision,
                               seed=seed, mesh=mesh)
-    graphdef, _, shardings = _split_sharded(abstract, config, mesh)
+    graphdef, abstract_state, shardings = _split_sharded(abstract, config, mesh)
     make = _maker(module_class, config, dtype, param_dtype, precision, seed)
     with jax.set_mesh(mesh):
-        @jax.jit
-        def init() -> Any:
-            return nnx.to_pure_dict(nnx.state(make()))
-
-        state = jax.jit(init, out_shardings=shardings)()
+        state = Initialiser(make, nnx.to_pure_dict(abstract_state), shardings, mesh)()
     return nnx.merge(graphdef, state), mesh
+
+
+class Initialiser:
+    """The programs that make a model's parameters, each array born with its sharding.
+
+    The model is first made without its decoder layers (:func:`layer_stack.defer_layers`):
+    ``rest``, one small program for the embeddings, norms and head, which also returns the
+    key the layers draw from. Then each group of layers with the same parameter shapes and
+    shardings is made by one jitted ``init(key, i)`` (``layers``): compiled once, run once
+    per layer. A model that does not build its layers with :func:`layer_stack.build_layers`
+    is made by ``rest`` alone, as a whole. Build it under ``jax.set_mesh(mesh)``.
+    """
+
+    def __init__(self, make: Callable[[], nnx.Module], abstract: dict, shardings: dict, mesh: Mesh):
+        found: dict[str, Any] = {}
+
+        def init_rest() -> tuple[dict, Any]:
+            with layer_stack.defer_layers() as deferred:
+                model = make()
+            found.update(deferred=deferred, path=None)
+            if deferred.build is not None:
+                found["path"] = layer_stack.path_of(model, deferred.placeholder)
+            return nnx.to_pure_dict(nnx.state(model)), deferred.key
+
+        self.key_shape = jax.eval_shape(init_rest)[1]  # traces only: finds the layer stack and its path
+        self.path: tuple[Any, ...] | None = found["path"]
+        #: first layer index of a group -> (its jitted initialiser, the layer indices it makes)
+        self.layers: dict[int, tuple[Any, list[int]]] = {}
+        if self.path is None:
+            self.rest = jax.jit(init_rest, out_shardings=(shardings, None))
+            return
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self.rest = jax.jit(init_rest, out_shardings=(_without(shardings, self.path), replicated))
+        build, layer_shardings = found["deferred"].build, _get(shardings, self.path)
+        for first, members in _groups(_get(abstract, self.path), layer_shardings).items():
+
+            def init_layer(key: jax.Array, index: jax.Array, first: int = first) -> dict:
+                # ``first`` fixes the layer's structure (all members share it); ``index`` only picks its key
+                return nnx.to_pure_dict(nnx.state(build(first, layer_stack.layer_rngs(key, index))))
+
+            self.layers[first] = (jax.jit(init_layer, out_shardings=layer_shardings[first]), members)
+
+    def lower(self) -> dict[str, Any]:
+        """Each program lowered against shapes only (``bench/init_compile.py`` compiles them for other devices)."""
+        lowered = {"rest": self.rest.lower()}
+        index = jax.ShapeDtypeStruct((), jnp.int32)
+        for first, (fn, members) in self.layers.items():
+            lowered[f"layers{members}"] = fn.lower(self.key_shape, index)
+        return lowered
+
+    def __call__(self) -> dict:
+        """The parameters as a pure dict."""
+        rest, key = self.rest()
+        if self.path is None:
+            return rest
+        made = {i: fn(key, jnp.int32(i)) for fn, members in self.layers.values() for i in members}
+        return _with(rest, self.path, dict(sorted(made.items())))
+
+
+def _groups(abstract_layers: dict, shardings: dict) -> dict[int, list[int]]:
+    """Layer indices grouped by parameter structure, shapes, dtypes and shardings, keyed by the first."""
+    groups: dict[Any, list[int]] = {}
+    for i in sorted(abstract_layers):
+        leaves, treedef = jax.tree.flatten(abstract_layers[i])
+        signature = (treedef, tuple((x.shape, x.dtype) for x in leaves), tuple(jax.tree.leaves(shardings[i])))
+        groups.setdefault(signature, []).append(i)
+    return {members[0]: members for members in groups.values()}
+
+
+def _get(tree: dict, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _without(tree: dict, path: tuple[Any, ...]) -> dict:
+    """``tree`` with the subtree at ``path`` removed (copies only the dicts along the path)."""
+    head, *rest = path
+    out = dict(tree)
+    if rest:
+        out[head] = _without(tree[head], tuple(rest))
+    else:
+        out.pop(head)
+    return out
+
+
+def _with(tree: dict, path: tuple[Any, ...], value: Any) -> dict:
+    """``tree`` with ``value`` placed at ``path`` (copies only the dicts along the path)."""
+    head, *rest = path
+    out = dict(tree)
+    out[head] = _with(tree.get(head, {}), tuple(rest), value) if rest else value
+    return out
 
 
 def _mesh_of(model: nnx.Module) -> Mesh | None:

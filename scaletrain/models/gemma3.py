@@ -26,25 +26,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from scaletrain.models.attention import (
-    KVCache,
-    build_attention_mask,
-    build_cache_mask,
-    rope_inv_freq,
-    rope_tables,
-)
+from scaletrain.models.attention import KVCache, build_cache_mask, prepare_inputs, rope_inv_freq, rope_tables
 from scaletrain.models.config import LlamaConfig
 from scaletrain.models.gemma3_config import FULL, Gemma3TextConfig
-from scaletrain.models.llama import (
-    _REMAT_POLICIES,
-    MLP,
-    Attention,
-    Dense,
-    LlamaForCausalLM,
-    RMSNorm,
-    _constrain,
-    _init,
-)
+from scaletrain.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
 from scaletrain.models.task import TaskType
 
 Array = jax.Array
@@ -106,22 +91,14 @@ class Gemma3DecoderLayer(nnx.Module):
         return self._mlp(x + self.post_attention_layernorm(attn)), cache
 
 
-class Gemma3TextModel(nnx.Module):
-    """Embeddings, decoder layers and the final norm (HF's ``model.*`` names)."""
+class Gemma3TextModel(LlamaModel):
+    """Embeddings, Gemma 3 decoder layers and the final (1 + w) norm (HF's ``model.*`` names)."""
 
-    _model_type: ClassVar[str] = "gemma3_text"
+    _model_type: ClassVar[str | None] = "gemma3_text"
     _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
     config_class: ClassVar[type[LlamaConfig]] = Gemma3TextConfig
-
-    def __init__(self, config: Gemma3TextConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
-        self.embed_tokens = nnx.Param(
-            _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
-            logical_axes=("vocab", "embed"),
-        )
-        self.layers = nnx.List(
-            [Gemma3DecoderLayer(config, dtype, param_dtype, precision, rngs) for _ in range(config.num_hidden_layers)]
-        )
-        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
+    layer_class: ClassVar[type[nnx.Module]] = Gemma3DecoderLayer
+    norm_class: ClassVar[type[nnx.Module]] = GemmaRMSNorm
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
@@ -130,39 +107,20 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     _model_type: ClassVar[str] = "gemma3_text"
     _model_task: ClassVar[TaskType] = TaskType.CAUSAL_LM
     config_class: ClassVar[type[LlamaConfig]] = Gemma3TextConfig
-
-    def __init__(
-        self,
-        config: Gemma3TextConfig,
-        dtype: Any = jnp.float32,
-        param_dtype: Any = jnp.float32,
-        precision: Any = None,
-        *,
-        rngs: nnx.Rngs,
-    ):
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        self.param_dtype = jnp.dtype(param_dtype)
-        self.precision = precision
-        self.model = Gemma3TextModel(config, self.dtype, self.param_dtype, precision, rngs)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else Dense(config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, config=config,
-                       dtype=self.dtype, param_dtype=self.param_dtype, precision=precision, rngs=rngs)
-        )
+    base_model_class: ClassVar[type[LlamaModel]] = Gemma3TextModel
 
     # -- pieces shared by the training and the cached forward ------------------------
     def _embed(self, input_ids: Array) -> Array:
-        x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        x = super()._embed(input_ids)
         # transformers multiplies by the scale cast to the compute dtype (55.5, not 55.4256, in bf16)
         return x * jnp.asarray(math.sqrt(self.config.hidden_size), jnp.float32).astype(self.dtype)
 
-    def _ropes(self, positions: Array) -> dict[bool, Rope]:
-        """RoPE tables by ``is_global``: local layers use ``rope_local_base_freq`` and no scaling."""
+    def _kinds(self) -> dict[bool, tuple[int | None, Array]]:
+        """``(window, RoPE inv_freq)`` by ``is_global``: local layers attend within ``sliding_window``
+        with ``rope_local_base_freq`` and no scaling; global ones see everything with ``rope_theta``."""
         cfg = self.config
         local = cfg.model_copy(update={"rope_theta": cfg.rope_local_base_freq, "rope_scaling": None})
-        return {True: rope_tables(positions, rope_inv_freq(cfg)), False: rope_tables(positions, rope_inv_freq(local))}
+        return {True: (None, rope_inv_freq(cfg)), False: (cfg.sliding_window, rope_inv_freq(local))}
 
     def _is_global(self, layer: int) -> bool:
         return self.config.layer_types[layer] == FULL
@@ -176,30 +134,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         attention_mask: Array | None = None,
     ) -> Array:
         """Final-norm hidden states [B, T, hidden]; each layer gets its kind's mask and RoPE."""
-        cfg = self.config
-        pa = cfg.partition_axis
-        act_spec = (pa.batch_axis, pa.sequence_axis, None)
-        causal_only = segment_ids is None and attention_mask is None
-        if segment_ids is None:
-            segment_ids = (
-                attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
-            )
-        if positions is None:
-            positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
-        masks = {
-            True: None if causal_only else build_attention_mask(segment_ids, positions, None),
-            False: build_attention_mask(segment_ids, positions, cfg.sliding_window),
-        }
-        ropes = self._ropes(positions)
-        x = _constrain(self._embed(input_ids), act_spec)
-        policy = cfg.gradient_checkpointing
+        inputs = {is_global: prepare_inputs(input_ids, positions, segment_ids, attention_mask, window, inv_freq)
+                  for is_global, (window, inv_freq) in self._kinds().items()}
+        x = self._shard_activations(self._embed(input_ids))
         for i, layer in enumerate(self.model.layers):
-            mask, rope = masks[self._is_global(i)], ropes[self._is_global(i)]
-            if policy == "none":
-                x = layer(x, mask, rope)
-            else:
-                x = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(layer, x, mask, rope)
-            x = _constrain(x, act_spec)
+            kind = inputs[self._is_global(i)]
+            x = self._shard_activations(self._run_layer(layer, x, kind.mask, kind.rope))
         return self.model.norm(x)
 
     def logit_softcap(self) -> float | None:
@@ -215,14 +155,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         kv_valid: Array,
     ) -> tuple[Array, list[KVCache]]:
         """As :meth:`LlamaForCausalLM.forward_with_cache`, with each layer's own window and RoPE."""
-        t = input_ids.shape[1]
-        masks = {True: build_cache_mask(start, t, kv_valid, None),
-                 False: build_cache_mask(start, t, kv_valid, self.config.sliding_window)}
-        ropes = self._ropes(positions)
+        kinds = {is_global: (build_cache_mask(start, input_ids.shape[1], kv_valid, window), rope_tables(positions, f))
+                 for is_global, (window, f) in self._kinds().items()}
         x = self._embed(input_ids)
         new_cache = []
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache, strict=True)):
-            g = self._is_global(i)
-            x, layer_cache = layer.call_with_cache(x, masks[g], ropes[g], layer_cache, start)
+            mask, rope = kinds[self._is_global(i)]
+            x, layer_cache = layer.call_with_cache(x, mask, rope, layer_cache, start)
             new_cache.append(layer_cache)
         return self.model.norm(x), new_cache

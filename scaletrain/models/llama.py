@@ -22,20 +22,25 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from scaletrain.errors import ConfigError
 from scaletrain.models.attention import (
     KVCache,
+    PackedSegments,
     apply_rope,
-    build_attention_mask,
     build_cache_mask,
     causal_blocks,
     dot_product_attention,
     fused_attention,
+    prepare_inputs,
     rope_inv_freq,
     rope_tables,
     use_fused_attention,
 )
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, effective_sliding_window
 from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
+from scaletrain.models.flash_attention import packed_attention
+from scaletrain.models.fp8 import fp8_layer, fp8_matmul
+from scaletrain.models.layer_stack import build_layers
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 
@@ -71,10 +76,11 @@ class Dense(nnx.Module):
             nnx.Param(jnp.zeros((out_features,), param_dtype), logical_axes=(axes[1],)) if use_bias else None
         )
         self.dtype = dtype
-        self.precision = precision
+        self.precision, self.config, self.axes = precision, config, axes  # config.fp8 is read per call
 
     def __call__(self, x: Array) -> Array:
-        y = matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
+        dot = fp8_matmul if fp8_layer(self.config, self.axes) else matmul
+        y = dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -115,7 +121,7 @@ class Attention(nnx.Module):
         self.softmax_dtype = jnp.dtype(config.attn_softmax_dtype or "float32")
         self.precision = precision
         self.mechanism = config.attn_mechanism
-        self.sequence_axis = config.partition_axis.sequence_axis
+        self.sequence_axis, self.batch_axis = config.partition_axis.sequence_axis, config.partition_axis.batch_axis
         self.head_axes = (config.partition_axis.head_axis, config.partition_axis.kv_head_axis)
 
     def __call__(self, x: Array, mask: Array | None, rope: tuple[Array, Array]) -> Array:
@@ -124,7 +130,12 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         q, k, v = self._qkv(x, rope)
         sequence_split = active_axis_size(self.sequence_axis) > 1
-        if use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
+        if isinstance(mask, PackedSegments):  # attn_mechanism "pallas" on packed rows
+            if problem := self._cudnn_sharding_problem(sequence_split):
+                raise ConfigError(f"model.attn_mechanism: 'pallas' {problem}; use 'auto'")
+            out = packed_attention(q, k, v, mask.ids, scale=self.scale, batch_axis=self.batch_axis,
+                                   head_axis=self.head_axes[0], kv_head_axis=self.head_axes[1])
+        elif use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
             out = fused_attention(q, k, v, mask, scale=self.scale)
         else:
             # query blocks slice the sequence: not where it is split over devices (sp)
@@ -242,22 +253,25 @@ def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
 
 
 class LlamaModel(nnx.Module):
-    """Embeddings, decoder layers and the final norm."""
+    """Embeddings, decoder layers and the final norm; a family swaps in its ``layer_class`` and ``norm_class``."""
 
     # EasyDeL's names: a base module (no head), which the trainer does not train by itself
-    _model_type: ClassVar[str] = "llama"
+    _model_type: ClassVar[str | None] = "llama"
     _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
     config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
+    layer_class: ClassVar[type[nnx.Module]] = DecoderLayer
+    norm_class: ClassVar[type[nnx.Module]] = RMSNorm
 
     def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
         self.embed_tokens = nnx.Param(
             _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
             logical_axes=("vocab", "embed"),
         )
-        self.layers = nnx.List(
-            [DecoderLayer(config, dtype, param_dtype, precision, rngs) for _ in range(config.num_hidden_layers)]
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
+        # each layer from its own key: identical layers share one compiled initialiser (layer_stack)
+        layer = self.layer_class
+        self.layers = build_layers(lambda _, r: layer(config, dtype, param_dtype, precision, r),
+                                   config.num_hidden_layers, rngs)
+        self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
         self.dtype = dtype
 
 
@@ -267,6 +281,8 @@ class LlamaForCausalLM(nnx.Module):
     _model_type: ClassVar[str] = "llama"
     _model_task: ClassVar[TaskType] = TaskType.CAUSAL_LM
     config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
+    #: the embeddings, layers and final norm (``model.*``): what a family subclass changes
+    base_model_class: ClassVar[type[LlamaModel]] = LlamaModel
 
     def __init__(
         self,
@@ -281,21 +297,12 @@ class LlamaForCausalLM(nnx.Module):
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
         self.precision = precision
-        self.model = LlamaModel(config, self.dtype, self.param_dtype, precision, rngs)
+        self.model = self.base_model_class(config, self.dtype, self.param_dtype, precision, rngs)
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else Dense(
-                config.hidden_size,
-                config.vocab_size,
-                ("embed", "vocab"),
-                use_bias=False,
-                config=config,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                precision=precision,
-                rngs=rngs,
-            )
+            else Dense(config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, config=config,
+                       dtype=self.dtype, param_dtype=self.param_dtype, precision=precision, rngs=rngs)
         )
 
     # -- forward --------------------------------------------------------------
@@ -308,32 +315,29 @@ class LlamaForCausalLM(nnx.Module):
     ) -> Array:
         """Final-norm hidden states [B, T, hidden]."""
         cfg = self.config
-        pa = cfg.partition_axis
-        act_spec = (pa.batch_axis, pa.sequence_axis, None)
-        window = effective_sliding_window(cfg)
-        causal_only = segment_ids is None and attention_mask is None and window is None
-        if segment_ids is None:
-            segment_ids = (
-                attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
-            )
-        if positions is None:
-            positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
-        # one unpadded sequence per row: plain causal attention, with no [B, 1, T, S] mask to
-        # build, read, or (on cuDNN, where a mask becomes a bias) differentiate
-        mask = None if causal_only else build_attention_mask(segment_ids, positions, window)
-        rope = rope_tables(positions, rope_inv_freq(cfg))
-        x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
-        x = _constrain(x, act_spec)
-        policy = cfg.gradient_checkpointing
+        inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, effective_sliding_window(cfg),
+                                rope_inv_freq(cfg), cfg.attn_mechanism)
+        x = self._shard_activations(self._embed(input_ids))
         for layer in self.model.layers:
-            if policy == "none":
-                x = layer(x, mask, rope)
-            else:
-                x = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(
-                    layer, x, mask, rope
-                )
-            x = _constrain(x, act_spec)
+            x = self._shard_activations(self._run_layer(layer, x, inputs.mask, inputs.rope))
         return self.model.norm(x)
+
+    # -- pieces every family's forward shares ----------------------------------------
+    def _embed(self, input_ids: Array) -> Array:
+        """Token embeddings [B, T, hidden] in the compute dtype (Gemma 3 scales them)."""
+        return jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+
+    def _shard_activations(self, x: Array) -> Array:
+        """``x`` [B, T, hidden] constrained to the batch and sequence axes of the active mesh."""
+        pa = self.config.partition_axis
+        return _constrain(x, (pa.batch_axis, pa.sequence_axis, None))
+
+    def _run_layer(self, layer: nnx.Module, *args: Any) -> Any:
+        """``layer(*args)``, rematerialised in the backward pass as ``config.gradient_checkpointing`` says."""
+        policy = self.config.gradient_checkpointing
+        if policy == "none":
+            return layer(*args)
+        return nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(layer, *args)
 
     def lm_head_weight(self) -> tuple[Array, bool]:
         """The output projection and whether it is transposed.
@@ -393,7 +397,7 @@ class LlamaForCausalLM(nnx.Module):
         """
         mask = build_cache_mask(start, input_ids.shape[1], kv_valid, effective_sliding_window(self.config))
         rope = rope_tables(positions, rope_inv_freq(self.config))
-        x = jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        x = self._embed(input_ids)
         new_cache = []
         for layer, layer_cache in zip(self.model.layers, cache, strict=True):
             x, layer_cache = layer.call_with_cache(x, mask, rope, layer_cache, start)

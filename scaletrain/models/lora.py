@@ -157,6 +157,9 @@ def apply_lora(model: nnx.Module, config: LoRAConfig) -> nnx.Module:
     """
     if lora_config_of(model) is not None:
         raise ConfigError("this model already has LoRA adapters; build a fresh base model to apply another config")
+    if getattr(getattr(model, "config", None), "fp8", False):  # LoRADense's dots are not FP8: refuse, not mix
+        raise ConfigError("model.fp8 is not supported with LoRA/QLoRA (the adapted layers would not run in FP8); "
+                          "set model.fp8: false or train without the lora section")
     targets = set(target_paths(model, config))
     key = jax.random.key(config.seed)
     for i, (path, parent, name, layer) in enumerate(dense_layers(model)):

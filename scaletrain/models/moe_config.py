@@ -37,6 +37,19 @@ def _moe_params(config: Any, experts: int) -> int:
     return LlamaConfig.num_params.fget(config) + n * (moe - dense_mlp)  # type: ignore[attr-defined]
 
 
+class _MoeParamCounts:
+    """The total and active parameter counts of both MoE configs (listed first among the bases, so
+    these override the dense ``num_params``); the FLOPs per token follow the active count."""
+
+    @property
+    def num_params(self) -> int:
+        return _moe_params(self, self.num_experts)  # type: ignore[attr-defined]
+
+    @property
+    def num_active_params(self) -> int:
+        return _moe_params(self, self.num_experts_per_tok)  # type: ignore[attr-defined]
+
+
 def _check_moe(config: Any) -> None:
     if not 1 <= config.num_experts_per_tok <= config.num_experts:
         raise ValueError(f"num_experts_per_tok {config.num_experts_per_tok} must be between 1 and the "
@@ -48,7 +61,7 @@ def _check_moe(config: Any) -> None:
             raise ValueError(f"{key}: shared experts are not supported (Mixtral and Qwen3-MoE have none)")
 
 
-class MixtralConfig(LlamaConfig):
+class MixtralConfig(_MoeParamCounts, LlamaConfig):
     """Mixtral: Mistral attention, every MLP a top-``num_experts_per_tok`` of ``num_local_experts`` SwiGLUs."""
 
     model_type: ClassVar[str] = "mixtral"
@@ -87,16 +100,8 @@ class MixtralConfig(LlamaConfig):
         """Mixtral always renormalises the chosen experts' probabilities."""
         return True
 
-    @property
-    def num_params(self) -> int:
-        return _moe_params(self, self.num_experts)
 
-    @property
-    def num_active_params(self) -> int:
-        return _moe_params(self, self.num_experts_per_tok)
-
-
-class Qwen3MoeConfig(Qwen3Config):
+class Qwen3MoeConfig(_MoeParamCounts, Qwen3Config):
     """Qwen3-MoE: Qwen3 attention (per-head q/k norms), every MLP a top-k of many small SwiGLU experts."""
 
     model_type: ClassVar[str] = "qwen3_moe"
@@ -138,66 +143,62 @@ class Qwen3MoeConfig(Qwen3Config):
     def normalize_top_k(self) -> bool:
         return self.norm_topk_prob
 
-    @property
-    def num_params(self) -> int:
-        return _moe_params(self, self.num_experts)
-
-    @property
-    def num_active_params(self) -> int:
-        return _moe_params(self, self.num_experts_per_tok)
-
 
 # ---------------------------------------------------------------------------------
 # config.json
 # ---------------------------------------------------------------------------------
-def _refuse_shared_experts(hf: Any, where: str) -> None:
+def _check_moe_hf(hf: Any, where: str) -> None:
+    """Refuse what neither MoE family computes: a non-SiLU activation, shared experts."""
+    check_silu(hf, where)
     for key in _SHARED_EXPERT_KEYS:
         if getattr(hf, key, None):
             raise ConfigError(f"{where}: {key}={getattr(hf, key)}: shared experts are not supported")
 
 
+def _moe_fields(source: Any, expert_keys: tuple[str, ...]) -> dict[str, Any]:
+    """What both MoE families read from config.json and write to it alike: SiLU experts, how many a
+    token takes, the balancing loss's coefficient, and the family's own expert-size ``expert_keys``
+    (the same names in config.json and in our config)."""
+    keys = (*expert_keys, "num_experts_per_tok", "router_aux_loss_coef")
+    return {"hidden_act": "silu", **{key: getattr(source, key) for key in keys}}
+
+
 def _mixtral_from_hf(hf: Any, where: str) -> dict[str, Any]:
-    check_silu(hf, where)
-    _refuse_shared_experts(hf, where)
+    _check_moe_hf(hf, where)
     if hf.router_jitter_noise:
         raise ConfigError(f"{where}: router_jitter_noise={hf.router_jitter_noise} is not supported (only 0)")
-    return {**base_fields(hf, where), "hidden_act": "silu", "attention_bias": False, "qkv_bias": False,
-            "mlp_bias": False, "sliding_window": hf.sliding_window, "num_local_experts": hf.num_local_experts,
-            "num_experts_per_tok": hf.num_experts_per_tok, "router_aux_loss_coef": hf.router_aux_loss_coef}
+    return {**base_fields(hf, where), **_moe_fields(hf, ("num_local_experts",)), "attention_bias": False,
+            "qkv_bias": False, "mlp_bias": False, "sliding_window": hf.sliding_window}
 
 
 def _mixtral_to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
     if config.attention_bias or config.qkv_bias or config.qk_norm:
         raise refuse("attention biases or q/k norms")
-    return {**base_hf_kwargs(config), "hidden_act": "silu", "sliding_window": config.sliding_window,
-            "num_local_experts": config.num_local_experts, "num_experts_per_tok": config.num_experts_per_tok,
-            "router_aux_loss_coef": config.router_aux_loss_coef, "router_jitter_noise": 0.0}
+    return {**base_hf_kwargs(config), **_moe_fields(config, ("num_local_experts",)),
+            "sliding_window": config.sliding_window, "router_jitter_noise": 0.0}
 
 
 def _qwen3_moe_from_hf(hf: Any, where: str) -> dict[str, Any]:
-    check_silu(hf, where)
-    _refuse_shared_experts(hf, where)
+    _check_moe_hf(hf, where)
     for key, ok in (("decoder_sparse_step", hf.decoder_sparse_step == 1), ("mlp_only_layers", not hf.mlp_only_layers)):
         if not ok:
             raise ConfigError(f"{where}: {key}={getattr(hf, key)!r} is not supported (layers with a dense MLP "
                               "are not implemented; only decoder_sparse_step 1 and mlp_only_layers [])")
     window = hf.sliding_window if hf.use_sliding_window else None
-    return {**base_fields(hf, where), "hidden_act": "silu", "attention_bias": bool(hf.attention_bias),
-            "qkv_bias": False, "mlp_bias": False, "qk_norm": True, "use_sliding_window": window is not None,
-            "sliding_window": window, "num_experts": hf.num_experts, "num_experts_per_tok": hf.num_experts_per_tok,
-            "moe_intermediate_size": hf.moe_intermediate_size, "norm_topk_prob": bool(hf.norm_topk_prob),
-            "router_aux_loss_coef": hf.router_aux_loss_coef}
+    return {**base_fields(hf, where), **_moe_fields(hf, ("num_experts", "moe_intermediate_size")),
+            "qkv_bias": False, "mlp_bias": False, "attention_bias": bool(hf.attention_bias), "qk_norm": True,
+            "use_sliding_window": window is not None, "sliding_window": window,
+            "norm_topk_prob": bool(hf.norm_topk_prob)}
 
 
 def _qwen3_moe_to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
     if not config.qk_norm or config.qkv_bias:
         raise refuse("qk_norm=False or q/k/v-only biases")
     sliding = bool(config.use_sliding_window) and config.sliding_window is not None
-    return {**base_hf_kwargs(config), "hidden_act": "silu", "attention_bias": config.attention_bias,
-            "use_sliding_window": sliding, "sliding_window": config.sliding_window if sliding else None,
-            "num_experts": config.num_experts, "num_experts_per_tok": config.num_experts_per_tok,
-            "moe_intermediate_size": config.moe_intermediate_size, "norm_topk_prob": config.norm_topk_prob,
-            "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": config.router_aux_loss_coef}
+    return {**base_hf_kwargs(config), **_moe_fields(config, ("num_experts", "moe_intermediate_size")),
+            "attention_bias": config.attention_bias, "use_sliding_window": sliding,
+            "sliding_window": config.sliding_window if sliding else None, "norm_topk_prob": config.norm_topk_prob,
+            "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
 MOE_FAMILIES: tuple[HFFamily, ...] = (

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaletrain.models.attention import KVCache, build_attention_mask, rope_inv_freq, rope_tables
+from scaletrain.models.attention import KVCache, prepare_inputs, rope_inv_freq
 from scaletrain.models.config import LlamaConfig, effective_sliding_window
-from scaletrain.models.llama import _REMAT_POLICIES, Attention, Dense, LlamaForCausalLM, RMSNorm, _constrain, _init
+from scaletrain.models.llama import Attention, LlamaForCausalLM, LlamaModel, RMSNorm
 from scaletrain.models.moe import RouterStats, SparseMoeBlock
 from scaletrain.models.moe_config import MixtralConfig, Qwen3MoeConfig
 from scaletrain.models.task import TaskType
@@ -59,40 +59,20 @@ class MoeDecoderLayer(nnx.Module):
         return x + out, cache
 
 
-class MoeModel(nnx.Module):
+class MoeModel(LlamaModel):
     """Embeddings, MoE decoder layers and the final norm (HF's ``model.*`` names)."""
 
+    # not registered as a base module of its own: ``model_class=MoeModel`` is refused by name
+    _model_type: ClassVar[str | None] = None
     _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
-
-    def __init__(self, config: Any, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
-        self.embed_tokens = nnx.Param(
-            _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
-            logical_axes=("vocab", "embed"),
-        )
-        self.layers = nnx.List(
-            [MoeDecoderLayer(config, dtype, param_dtype, precision, rngs) for _ in range(config.num_hidden_layers)]
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
+    layer_class: ClassVar[type[nnx.Module]] = MoeDecoderLayer
 
 
 class MoeForCausalLM(LlamaForCausalLM):
     """A mixture-of-experts decoder with its head; subclasses name the family."""
 
     _model_task: ClassVar[TaskType] = TaskType.CAUSAL_LM
-
-    def __init__(self, config: Any, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32, precision: Any = None,
-                 *, rngs: nnx.Rngs):
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        self.param_dtype = jnp.dtype(param_dtype)
-        self.precision = precision
-        self.model = MoeModel(config, self.dtype, self.param_dtype, precision, rngs)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else Dense(config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, config=config,
-                       dtype=self.dtype, param_dtype=self.param_dtype, precision=precision, rngs=rngs)
-        )
+    base_model_class: ClassVar[type[LlamaModel]] = MoeModel
 
     def hidden_states_and_router_stats(
         self,
@@ -108,30 +88,24 @@ class MoeForCausalLM(LlamaForCausalLM):
         as transformers leaves it out of the balancing loss given an attention mask.
         """
         cfg = self.config
-        pa = cfg.partition_axis
-        act_spec = (pa.batch_axis, pa.sequence_axis, None)
-        window = effective_sliding_window(cfg)
-        causal_only = segment_ids is None and attention_mask is None and window is None
-        if segment_ids is None:
-            segment_ids = (
-                attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
-            )
-        if positions is None:
-            positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
-        mask = None if causal_only else build_attention_mask(segment_ids, positions, window)
-        rope = rope_tables(positions, rope_inv_freq(cfg))
-        valid = (segment_ids != 0).astype(jnp.float32)
-        x = _constrain(jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype), act_spec)
-        policy = cfg.gradient_checkpointing
+        inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, effective_sliding_window(cfg),
+                                rope_inv_freq(cfg), cfg.attn_mechanism)
+        valid = (inputs.segment_ids != 0).astype(jnp.float32)
+        x = self._shard_activations(self._embed(input_ids))
         stats = []
         for layer in self.model.layers:
-            if policy == "none":
-                x, s = layer(x, mask, rope, valid)
-            else:
-                x, s = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(layer, x, mask, rope, valid)
-            x = _constrain(x, act_spec)
+            x, s = self._run_layer(layer, x, inputs.mask, inputs.rope, valid)
+            x = self._shard_activations(x)
             stats.append(s)
         return self.model.norm(x), jax.tree.map(lambda *a: jnp.stack(a), *stats)
+
+    def router_stats_shape(self) -> RouterStats:
+        """The shapes and dtypes of :meth:`hidden_states_and_router_stats`' statistics, known without
+        tracing the forward (the train step sizes its gradient-accumulation sums from them)."""
+        layers, experts = self.config.num_hidden_layers, self.config.num_experts
+        per_expert = jax.ShapeDtypeStruct((layers, experts), jnp.float32)
+        per_layer = jax.ShapeDtypeStruct((layers,), jnp.float32)
+        return RouterStats(counts=per_expert, prob_sums=per_expert, z_sums=per_layer, rows=per_layer)
 
     def hidden_states(
         self,

@@ -67,10 +67,12 @@ class EasyDeLGradientCheckPointers(str, enum.Enum):
 
 
 # accepted attn_mechanism value -> the value models/attention.py runs ("auto"/"sdpa": fused
-# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum)
+# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": packed rows through
+# models/flash_attention.py's segment-aware kernel, other rows as "auto")
 ATTENTION: dict[str, str] = {
     "auto": "auto", "sdpa": "sdpa", "flash": "auto", "flash_attn2": "auto", "cuda_flash_attn2": "auto",
     "cudnn": "cudnn", "xla": "xla", "vanilla": "vanilla", "blockwise": "vanilla",
+    "pallas": "pallas", "pallas_flash": "pallas",
 }
 REFUSED_ATTENTION: dict[str, str] = {
     "ring": "ring attention is not implemented; with the sequence split over sp, einsum attention gathers keys",

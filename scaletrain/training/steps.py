@@ -90,6 +90,21 @@ def _sum_tree(a: Any, b: Any) -> Any:
     return jax.tree.map(jnp.add, a, b)
 
 
+def _zero_sums(graphdef: Any, params: Any, frozen: Any = None) -> tuple[LossSums, dict[str, jax.Array]]:
+    """Float32 zeros shaped like :func:`_forward`'s metric sums, to start the accumulation.
+
+    Shaped from what is known without tracing the forward (which ``jax.eval_shape`` of it
+    would do once more per compile): the loss sums are scalars, and a mixture of experts'
+    router sums follow from its router statistics' shapes (``router_stats_shape``).
+    """
+    model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
+    stats_shape = getattr(model, "router_stats_shape", None)
+    tokens = jax.ShapeDtypeStruct((), jnp.float32)
+    router = {} if stats_shape is None else jax.eval_shape(router_sums, stats_shape(), tokens)
+    shapes = (LossSums(*(tokens for _ in LossSums._fields)), router)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -118,10 +133,9 @@ def train_step(
         grads, (sums, router) = grad_fn(state.params, batch)
     else:
         micro = split_microbatches(batch, gradient_accumulation_steps)
-        metric_shapes = jax.eval_shape(objective, state.params, jax.tree.map(lambda x: x[0], micro))[1]
         zeros = (
             jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
-            jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes),
+            _zero_sums(state.graphdef, state.params, state.frozen),
         )
 
         def body(carry: Any, mb: Batch) -> tuple[Any, None]:

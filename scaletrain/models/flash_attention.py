@@ -1,0 +1,372 @@
+"""Segment-aware flash attention for packed rows: a Pallas kernel that skips other documents' blocks.
+
+Why: a packed row (several documents, :mod:`scaletrain.data.packing`) needs a
+same-document mask. Given to cuDNN as a dense ``[B, 1, T, S]`` bias it costs a bias
+read in the forward and a bias gradient written in the backward, and every block
+left of the diagonal is still computed although most of it is another document.
+This kernel reads the ``[B, T]`` segment ids instead, masks inside each
+``[block_q, block_k]`` tile, and never visits a tile that the mask would zero whole:
+tiles above the diagonal (the loop's upper bound) and tiles whose query and key
+blocks share no document (the loop's lower bound).
+
+Semantics are exactly :func:`scaletrain.models.attention.build_attention_mask`
+without a window: query ``i`` sees key ``j`` iff ``j <= i`` (``causal``), both are in
+the same segment and that segment is not 0 (padding), and every query sees itself —
+so a padding query's output is its own value row and an all-padding row has no NaN.
+
+**Caller contract.** ``segment_ids`` are the packed rows' (1..k per row, 0 for
+padding). Causality is on the row index, not on ``positions``: that equals causality
+within each document because a document's tokens are contiguous in its row with
+positions counting up (what :func:`scaletrain.data.packing.pack_pieces` makes). The
+result is exact for any segment layout; the skipping is tight when segments are
+contiguous and non-decreasing with padding at the end (packing's layout), and only
+wastes work otherwise. Sliding windows are not handled here.
+
+Structure (FlashAttention-2): the forward grid is ``(batch, q head, query block)``;
+each program keeps its query tile, loops over the key blocks of its
+:func:`block_schedule` range with an online softmax in float32 and writes the output
+and the row log-sum-exp. The backward is two Pallas kernels with the same schedule:
+dq on ``(batch, q head, query block)`` looping over key blocks, and dk/dv on
+``(batch, kv head, key block)`` looping over the group's query heads and the query
+blocks that see this key block, so GQA gradients are summed in the kernel.
+On GPU the kernels lower through Pallas' Triton backend; ``interpret=True`` runs
+them anywhere (the CPU tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+from jax.sharding import PartitionSpec
+
+from scaletrain.parallel.partition import active_platform, active_sharding_axes
+
+Array = jax.Array
+Ref = Any  # a Pallas kernel's view of one operand's block (indexed like an array)
+
+#: score of a masked entry: finite, so ``m - MASKED`` never makes ``inf - inf``
+MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+class BlockSchedule(NamedTuple):
+    """Which tiles the kernels visit, each row of blocks as a half-open range of the other side's blocks.
+
+    ``kv_lo/kv_hi`` [B, T/block_q]: query block ``i`` loops over key blocks
+    ``[kv_lo[i], kv_hi[i])``; ``q_lo/q_hi`` [B, S/block_k]: key block ``j`` over query
+    blocks ``[q_lo[j], q_hi[j])``. Both cover every tile with an unmasked entry.
+    """
+
+    kv_lo: Array
+    kv_hi: Array
+    q_lo: Array
+    q_hi: Array
+
+
+def block_schedule(segment_ids: Array, block_q: int, block_k: int, causal: bool = True) -> BlockSchedule:
+    """The tiles that can hold an unmasked entry, from each block's range of non-padding segment ids.
+
+    Tile ``(i, j)`` is needed when it is not above the diagonal (``causal``) and
+    either the two blocks' ranges ``[min, max]`` of non-zero segment ids overlap (they
+    may share a document: exact for contiguous segments, conservative otherwise) or
+    the tile holds a diagonal entry (every token sees itself, padding included). Each
+    query block's needed key blocks are spanned by one range (and vice versa), so the
+    kernels' loops have dynamic bounds and no branches. Cheap: ``[B, nq, nk]`` booleans.
+    """
+    b, t = segment_ids.shape
+    nq, nk = t // block_q, t // block_k
+    seg = segment_ids.astype(jnp.int32)
+    big = jnp.iinfo(jnp.int32).max
+
+    def ranges(size: int, n: int) -> tuple[Array, Array]:
+        blocks = seg.reshape(b, n, size)
+        real = blocks != 0
+        return jnp.min(jnp.where(real, blocks, big), -1), jnp.max(jnp.where(real, blocks, -1), -1)
+
+    q_min, q_max = ranges(block_q, nq)
+    k_min, k_max = ranges(block_k, nk)
+    share = (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None])
+    q_first, q_last = jnp.arange(nq) * block_q, jnp.arange(nq) * block_q + block_q - 1
+    k_first, k_last = jnp.arange(nk) * block_k, jnp.arange(nk) * block_k + block_k - 1
+    diagonal = (k_first[None, :] <= q_last[:, None]) & (q_first[:, None] <= k_last[None, :])
+    needed = share | diagonal[None]
+    if causal:
+        needed = needed & (k_first[None, :] <= q_last[:, None])[None]
+
+    def span(m: Array, axis: int) -> tuple[Array, Array]:
+        n = m.shape[axis]
+        first = jnp.argmax(m, axis=axis)
+        last = n - 1 - jnp.argmax(jnp.flip(m, axis=axis), axis=axis)
+        return first.astype(jnp.int32), (last + 1).astype(jnp.int32)
+
+    kv_lo, kv_hi = span(needed, 2)
+    q_lo, q_hi = span(needed, 1)
+    return BlockSchedule(kv_lo, kv_hi, q_lo, q_hi)
+
+
+def _tile_mask(q_seg: Array, k_seg: Array, q_start: Any, k_start: Any, causal: bool) -> Array:
+    """[bq, bk] booleans of :func:`build_attention_mask` (no window) for one tile."""
+    q_idx = q_start + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], k_seg.shape[0]), 0)
+    k_idx = k_start + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], k_seg.shape[0]), 1)
+    mask = (q_seg[:, None] == k_seg[None, :]) & (k_seg != 0)[None, :]
+    if causal:
+        mask = mask & (q_idx >= k_idx)
+    return mask | (q_idx == k_idx)
+
+
+def _dot(a: Array, b: Array, a_dim: int = 1, b_dim: int = 0) -> Array:
+    """2-D matmul contracting ``a``'s ``a_dim`` with ``b``'s ``b_dim``, accumulated in float32."""
+    return lax.dot_general(a, b, (((a_dim,), (b_dim,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _forward_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, seg_ref: Ref, q_ref: Ref, k_ref: Ref, v_ref: Ref, o_ref: Ref,
+                    lse_ref: Ref, *count_ref: Ref, scale: float, causal: bool, block_q: int, block_k: int) -> None:
+    i = pl.program_id(2)
+    q = q_ref[...]
+    q_seg = seg_ref[pl.ds(i * block_q, block_q)]
+    d = q.shape[-1]
+
+    def body(j: Array, carry: tuple[Array, ...]) -> tuple[Array, ...]:
+        acc, m, l, visits = carry
+        k_slice = pl.ds(j * block_k, block_k)
+        s = _dot(q, k_ref[k_slice, :], 1, 1) * scale
+        mask = _tile_mask(q_seg, seg_ref[k_slice], i * block_q, j * block_k, causal)
+        m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, MASKED), axis=1))
+        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+        alpha = jnp.exp(m - m_new)
+        acc = alpha[:, None] * acc + _dot(p.astype(v_ref.dtype), v_ref[k_slice, :])
+        return acc, m_new, alpha * l + jnp.sum(p, axis=1), visits + 1
+
+    init = (jnp.zeros((block_q, d), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32), jnp.int32(0))
+    acc, m, l, visits = lax.fori_loop(kv_lo_ref[i], kv_hi_ref[i], body, init)
+    # l >= 1: every query sees itself and the diagonal tile is always in the range
+    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = m + jnp.log(l)
+    if count_ref:
+        count_ref[0][...] = jnp.full((1,), visits, jnp.int32)
+
+
+def _dq_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, seg_ref: Ref, q_ref: Ref, k_ref: Ref, v_ref: Ref, do_ref: Ref,
+               lse_ref: Ref, delta_ref: Ref, dq_ref: Ref, *, scale: float, causal: bool, block_q: int, block_k: int) -> None:
+    i = pl.program_id(2)
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_seg = seg_ref[pl.ds(i * block_q, block_q)]
+
+    def body(j: Array, dq: Array) -> Array:
+        k_slice = pl.ds(j * block_k, block_k)
+        k = k_ref[k_slice, :]
+        s = _dot(q, k, 1, 1) * scale
+        mask = _tile_mask(q_seg, seg_ref[k_slice], i * block_q, j * block_k, causal)
+        p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
+        ds = p * (_dot(do, v_ref[k_slice, :], 1, 1) - delta[:, None])
+        return dq + _dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(kv_lo_ref[i], kv_hi_ref[i], body, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_lo_ref: Ref, q_hi_ref: Ref, seg_ref: Ref, q_ref: Ref, k_ref: Ref, v_ref: Ref, do_ref: Ref,
+                lse_ref: Ref, delta_ref: Ref, dk_ref: Ref, dv_ref: Ref, *, scale: float, causal: bool, block_q: int, block_k: int, group: int) -> None:
+    j = pl.program_id(2)
+    k, v = k_ref[...], v_ref[...]
+    k_seg = seg_ref[pl.ds(j * block_k, block_k)]
+    lo, hi = q_lo_ref[j], q_hi_ref[j]
+
+    def head(g: Array, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+        def body(i: Array, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+            dk, dv = carry
+            q_slice = pl.ds(i * block_q, block_q)
+            q, do = q_ref[q_slice, g, :], do_ref[q_slice, g, :]
+            s = _dot(q, k, 1, 1) * scale
+            mask = _tile_mask(seg_ref[q_slice], k_seg, i * block_q, j * block_k, causal)
+            p = jnp.where(mask, jnp.exp(s - lse_ref[g, q_slice][:, None]), 0.0)
+            ds = p * (_dot(do, v, 1, 1) - delta_ref[g, q_slice][:, None])
+            return dk + _dot(ds.astype(q.dtype), q, 0, 0), dv + _dot(p.astype(do.dtype), do, 0, 0)
+
+        return lax.fori_loop(lo, hi, body, carry)
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, group, head, (zeros, zeros))
+    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+class _Config(NamedTuple):
+    scale: float
+    causal: bool
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
+def _compiler_params(head_dim: int) -> Any:
+    return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+
+
+def _bound_specs(n: int) -> list[pl.BlockSpec]:
+    """A schedule's two bounds, whole per batch row: each program reads its own two as scalars."""
+    return [pl.BlockSpec((None, n), lambda b, h, i: (b, 0))] * 2
+
+
+def _forward(cfg: _Config, q: Array, k: Array, v: Array, segment_ids: Array,
+             count_visits: bool = False) -> tuple[Array, ...]:
+    b, t, nq_heads, d = q.shape
+    group = nq_heads // k.shape[2]
+    nq = t // cfg.block_q
+    sched = block_schedule(segment_ids, cfg.block_q, cfg.block_k, cfg.causal)
+    row = pl.BlockSpec((None, t, None, d), lambda b_, h, i: (b_, 0, h // group, 0))
+    q_tile = pl.BlockSpec((None, cfg.block_q, None, d), lambda b_, h, i: (b_, i, h, 0))
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, nq_heads, t), jnp.float32)]
+    out_specs = [q_tile, pl.BlockSpec((None, None, cfg.block_q), lambda b_, h, i: (b_, h, i))]
+    if count_visits:
+        out_shape.append(jax.ShapeDtypeStruct((b, nq_heads, nq), jnp.int32))
+        out_specs.append(pl.BlockSpec((None, None, 1), lambda b_, h, i: (b_, h, i)))
+    kernel = functools.partial(_forward_kernel, scale=cfg.scale, causal=cfg.causal,
+                               block_q=cfg.block_q, block_k=cfg.block_k)
+    return pl.pallas_call(
+        kernel, grid=(b, nq_heads, nq), out_shape=out_shape, out_specs=out_specs,
+        in_specs=[*_bound_specs(nq), pl.BlockSpec((None, t), lambda b_, h, i: (b_, 0)), q_tile, row, row],
+        compiler_params=_compiler_params(d), interpret=cfg.interpret, name="segment_flash_forward",
+    )(sched.kv_lo, sched.kv_hi, segment_ids, q, k, v)
+
+
+def _backward(cfg: _Config, res: tuple[Array, ...], do: Array) -> tuple[Array, Array, Array, None]:
+    q, k, v, segment_ids, o, lse = res
+    b, t, nq_heads, d = q.shape
+    nkv = k.shape[2]
+    group = nq_heads // nkv
+    nq, nk = t // cfg.block_q, t // cfg.block_k
+    sched = block_schedule(segment_ids, cfg.block_q, cfg.block_k, cfg.causal)
+    # D_i = rowsum(dO * O): one elementwise pass, left to XLA to fuse
+    delta = jnp.einsum("bthd,bthd->bht", do.astype(jnp.float32), o.astype(jnp.float32))
+    seg_spec = pl.BlockSpec((None, t), lambda b_, h, i: (b_, 0))
+    kw = dict(scale=cfg.scale, causal=cfg.causal, block_q=cfg.block_q, block_k=cfg.block_k)
+
+    kv_row = pl.BlockSpec((None, t, None, d), lambda b_, h, i: (b_, 0, h // group, 0))
+    q_tile = pl.BlockSpec((None, cfg.block_q, None, d), lambda b_, h, i: (b_, i, h, 0))
+    stat_tile = pl.BlockSpec((None, None, cfg.block_q), lambda b_, h, i: (b_, h, i))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, **kw), grid=(b, nq_heads, nq),
+        in_specs=[*_bound_specs(nq), seg_spec, q_tile, kv_row, kv_row, q_tile, stat_tile, stat_tile],
+        out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=_compiler_params(d), interpret=cfg.interpret, name="segment_flash_dq",
+    )(sched.kv_lo, sched.kv_hi, segment_ids, q, k, v, do, lse, delta)
+
+    # q heads h * group .. h * group + group - 1 share kv head h (the einsum path's grouping)
+    group_rows = pl.BlockSpec((None, t, group, d), lambda b_, h, j: (b_, 0, h, 0))
+    group_stats = pl.BlockSpec((None, group, t), lambda b_, h, j: (b_, h, 0))
+    kv_tile = pl.BlockSpec((None, cfg.block_k, None, d), lambda b_, h, j: (b_, j, h, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, group=group, **kw), grid=(b, nkv, nk),
+        in_specs=[*_bound_specs(nk), seg_spec, group_rows, kv_tile, kv_tile, group_rows, group_stats,
+                  group_stats],
+        out_specs=[kv_tile, kv_tile], out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                                                 jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=_compiler_params(d), interpret=cfg.interpret, name="segment_flash_dkv",
+    )(sched.q_lo, sched.q_hi, segment_ids, q, k, v, do, lse, delta)
+    return dq, dk, dv, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(cfg: _Config, q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
+    return _forward(cfg, q, k, v, segment_ids)[0]
+
+
+def _attention_fwd(cfg: _Config, q: Array, k: Array, v: Array, segment_ids: Array) -> tuple[Array, tuple]:
+    o, lse = _forward(cfg, q, k, v, segment_ids)
+    return o, (q, k, v, segment_ids, o, lse)
+
+
+_attention.defvjp(_attention_fwd, _backward)
+
+
+def _prepare(q: Array, k: Array, v: Array, segment_ids: Array, scale: float | None, causal: bool,
+             block_q: int, block_k: int, interpret: bool) -> tuple[_Config, tuple[Array, ...], int, int]:
+    """Check shapes, clamp the blocks, and pad T to whole blocks and D to a power of two.
+
+    Padding is exact: padded tokens are segment 0 (nobody sees them, they see only
+    themselves) and zero head-dim columns add nothing to ``q . k`` and give zero
+    output columns; both are sliced off. Triton needs power-of-two tile sizes.
+    """
+    b, t, nq_heads, d = q.shape
+    if k.shape != v.shape or k.shape[:2] != (b, t) or k.shape[3] != d or nq_heads % k.shape[2]:
+        raise ValueError(f"segment_flash_attention wants q [B,T,Hq,D] and k, v [B,T,Hkv,D] with Hkv dividing Hq "
+                         f"(self-attention over one packed row), got q {q.shape}, k {k.shape}, v {v.shape}")
+    if segment_ids.shape != (b, t):
+        raise ValueError(f"segment_ids must be [B, T] = {(b, t)}, got {segment_ids.shape}")
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (Triton tiles), got {size}")
+    cap = max(16, pl.next_power_of_2(t))
+    block_q, block_k = min(block_q, cap), min(block_k, cap)
+    whole = max(block_q, block_k)  # both are powers of two: the larger is their lcm
+    t_pad, d_pad = -t % whole, pl.next_power_of_2(d) - d
+    if t_pad or d_pad:
+        widths = ((0, 0), (0, t_pad), (0, 0), (0, d_pad))
+        q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
+        segment_ids = jnp.pad(segment_ids, ((0, 0), (0, t_pad)))
+    cfg = _Config(1.0 / math.sqrt(d) if scale is None else float(scale), causal, block_q, block_k, interpret)
+    return cfg, (q, k, v, segment_ids.astype(jnp.int32)), t, d
+
+
+def segment_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, scale: float | None = None,
+                            causal: bool = True, block_q: int = 64, block_k: int = 64,
+                            interpret: bool = False) -> Array:
+    """Attention of packed rows, [B, T, Hq, D], equal to the einsum path with ``build_attention_mask``.
+
+    ``q`` [B, T, Hq, D], ``k``/``v`` [B, T, Hkv, D] (GQA: q head ``h`` uses kv head
+    ``h // (Hq // Hkv)``), ``segment_ids`` [B, T] (0 = padding). The caller promises
+    that each document is one contiguous run of its row with positions increasing
+    along it (packing's rows), so causality on the row index is causality within the
+    document; ``positions`` are therefore not an argument, and sliding windows are not
+    supported. ``scale`` multiplies the scores (``1/sqrt(D)`` when None). Blocks are
+    powers of two, clamped to the row; T and D are padded as needed. Differentiable
+    (custom VJP: Pallas dq and dk/dv kernels with the forward's tile skipping, from
+    the saved row log-sum-exp). ``interpret=True`` runs the kernels in Pallas'
+    interpreter (CPU, tests); otherwise they lower through Triton (GPU).
+    """
+    cfg, args, t, d = _prepare(q, k, v, segment_ids, scale, causal, block_q, block_k, interpret)
+    return _attention(cfg, *args)[:, :t, :, :d]
+
+
+def attention_with_visits(q: Array, k: Array, v: Array, segment_ids: Array, *, causal: bool = True,
+                          block_q: int = 64, block_k: int = 64, interpret: bool = False) -> tuple[Array, Array]:
+    """The forward alone, with the number of key tiles its loop visited per ``[B, Hq, T/block_q]`` query tile.
+
+    For debugging and the tests that the skipping happens in the kernel, not only in
+    :func:`block_schedule`; not differentiable.
+    """
+    cfg, args, t, d = _prepare(q, k, v, segment_ids, None, causal, block_q, block_k, interpret)
+    out, _, visits = _forward(cfg, *args, count_visits=True)
+    return out[:, :t, :, :d], visits
+
+
+def packed_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, scale: float | None,
+                     batch_axis: Any, head_axis: Any, kv_head_axis: Any) -> Array:
+    """:func:`segment_flash_attention` as a model layer calls it: on each device's shard of the active mesh.
+
+    ``pallas_call`` has no partitioning rule, so under a mesh it runs inside
+    ``shard_map``: rows split over the batch axes, query and key/value heads over the
+    head axes (both must divide evenly, so each device's query heads use its own
+    key/value heads; the caller checks), whole sequences. Off a GPU the kernels run in
+    Pallas' interpreter (slow: for tests and CPU meshes only).
+    """
+    interpret = active_platform() != "gpu"
+    run = functools.partial(segment_flash_attention, scale=scale, interpret=interpret)
+    if jax.sharding.get_abstract_mesh().empty:
+        return run(q, k, v, segment_ids)
+    b, _, nq, _ = q.shape
+    rows = active_sharding_axes(batch_axis, b) or None
+    q_heads = active_sharding_axes(head_axis, nq) or None
+    kv_heads = active_sharding_axes(kv_head_axis, k.shape[2]) or None
+    qs, kvs = PartitionSpec(rows, None, q_heads, None), PartitionSpec(rows, None, kv_heads, None)
+    return jax.shard_map(run, in_specs=(qs, kvs, kvs, PartitionSpec(rows, None)), out_specs=qs,
+                         check_vma=False)(q, k, v, segment_ids)
