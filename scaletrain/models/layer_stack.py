@@ -8,8 +8,9 @@ its GPU compile time grows faster than that (Llama-3.2-1B on an H100: 1 layer 2.
 depend on how many random numbers the layers before it drew. That lets
 :func:`scaletrain.models.factory.create_sharded_model` build the model without its layers
 (:func:`defer_layers`), then make every layer with one jitted ``init(key, i)`` compiled
-once per distinct layer shape, and get exactly the parameters an eager
-``Model(config, rngs=nnx.Rngs(seed))`` has.
+once per distinct layer shape, and get bit for bit the parameters that one jitted
+``Model(config, rngs=nnx.Rngs(seed))`` makes (op-by-op eager construction may differ from
+either in the last bit: XLA fuses the normal draws' arithmetic differently).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ LayerBuilder = Callable[[int, nnx.Rngs], nnx.Module]
 
 @dataclass
 class DeferredLayers:
-    """What :func:`build_layers` would have built, recorded instead of building it."""
+    """What :func:`build_layers` would have built, recorded instead of building it (the factory
+    reads the layer count and shapes from the abstract model)."""
 
     build: LayerBuilder | None = None
-    count: int = 0
     key: jax.Array | None = None
     placeholder: nnx.List | None = None
 
@@ -48,7 +49,7 @@ def layer_rngs(key: jax.Array, index: jax.Array | int) -> nnx.Rngs:
 def build_layers(build: LayerBuilder, count: int, rngs: nnx.Rngs) -> nnx.List:
     """``[build(i, layer_rngs(key, i)) for i < count]`` with ``key = rngs.params()`` drawn once.
 
-    Inside :func:`defer_layers` nothing is built: the builder, count and key are recorded
+    Inside :func:`defer_layers` nothing is built: the builder and key are recorded
     and an empty list holds the layers' place, to be filled by the factory.
     """
     key = rngs.params()
@@ -56,7 +57,7 @@ def build_layers(build: LayerBuilder, count: int, rngs: nnx.Rngs) -> nnx.List:
     if deferred is not None:
         if deferred.build is not None:
             raise RuntimeError("build_layers was called twice while deferring; a model may defer one stack only")
-        deferred.build, deferred.count, deferred.key = build, count, key
+        deferred.build, deferred.key = build, key
         deferred.placeholder = nnx.List([])
         return deferred.placeholder
     return nnx.List([build(i, layer_rngs(key, i)) for i in range(count)])
