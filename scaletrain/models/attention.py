@@ -242,7 +242,7 @@ def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_prob
             raise ConfigError(f"model.attn_mechanism: 'cudnn' {sharding_problem}; use 'auto' (einsum attention "
                               "there) or change mesh.axis_dims")
         return True
-    if mechanism not in ("auto", "sdpa", "pallas"):  # pallas: rows without segments are plain causal
+    if mechanism not in ("auto", "sdpa"):
         return False
     return (
         active_platform() == "gpu"

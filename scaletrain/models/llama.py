@@ -37,10 +37,11 @@ from scaletrain.models.attention import (
     use_fused_attention,
 )
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, effective_sliding_window
-from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL, matmul
-from scaletrain.models.flash_attention import packed_attention
+from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.flash_sharding import sharded_flash_attention
 from scaletrain.models.fp8 import fp8_layer, fp8_matmul
 from scaletrain.models.layer_stack import build_layers
+from scaletrain.models.remat import run_layer
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 
@@ -130,11 +131,13 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         q, k, v = self._qkv(x, rope)
         sequence_split = active_axis_size(self.sequence_axis) > 1
-        if isinstance(mask, PackedSegments):  # attn_mechanism "pallas" on packed rows
-            if problem := self._cudnn_sharding_problem(sequence_split):
+        if self.mechanism == "pallas":  # the config refuses a window, so mask is None or the segment ids
+            if problem := self._head_split_problem():
                 raise ConfigError(f"model.attn_mechanism: 'pallas' {problem}; use 'auto'")
-            out = packed_attention(q, k, v, mask.ids, scale=self.scale, batch_axis=self.batch_axis,
-                                   head_axis=self.head_axes[0], kv_head_axis=self.head_axes[1])
+            ids = mask.ids if isinstance(mask, PackedSegments) else jnp.ones((b, t), jnp.int32)
+            out = sharded_flash_attention(q, k, v, ids, scale=self.scale, batch_axis=self.batch_axis,
+                                          sequence_axis=self.sequence_axis, head_axis=self.head_axes[0],
+                                          kv_head_axis=self.head_axes[1])
         elif use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
             out = fused_attention(q, k, v, mask, scale=self.scale)
         else:
@@ -164,6 +167,10 @@ class Attention(nnx.Module):
         them (its partitioner needs whole sequences and evenly split heads), or None."""
         if sequence_split:
             return "cannot attend over a sequence split across devices (mesh axis sp > 1)"
+        return self._head_split_problem()
+
+    def _head_split_problem(self) -> str | None:
+        """Why the heads do not split evenly over the active mesh's head axes (tp), or None."""
         q_split, kv_split = (active_axis_size(a) for a in self.head_axes)
         if self.num_heads % q_split or self.num_kv_heads % kv_split:
             return (f"needs the {self.num_heads} query and {self.num_kv_heads} key/value heads to split evenly "
@@ -223,21 +230,6 @@ class DecoderLayer(nnx.Module):
         )
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), cache
-
-
-_REMAT_POLICIES = {
-    "full": None,
-    # cpu_dots.matmul names its outputs: its custom VJP hides the dot from checkpoint_dots
-    "dots": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.checkpoint_dots,
-        jax.checkpoint_policies.save_only_these_names(MATMUL, BATCHED_MATMUL),
-    ),
-    "dots_with_no_batch_dims": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-        jax.checkpoint_policies.save_only_these_names(MATMUL),
-    ),
-    "save_attention": jax.checkpoint_policies.save_only_these_names("attn_out"),
-}
 
 
 def _constrain(x: Array, spec: tuple[Any, ...]) -> Array:
@@ -334,10 +326,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def _run_layer(self, layer: nnx.Module, *args: Any) -> Any:
         """``layer(*args)``, rematerialised in the backward pass as ``config.gradient_checkpointing`` says."""
-        policy = self.config.gradient_checkpointing
-        if policy == "none":
-            return layer(*args)
-        return nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[policy])(layer, *args)
+        return run_layer(layer, self.config.gradient_checkpointing, *args)
 
     def lm_head_weight(self) -> tuple[Array, bool]:
         """The output projection and whether it is transposed.

@@ -67,15 +67,15 @@ class EasyDeLGradientCheckPointers(str, enum.Enum):
 
 
 # accepted attn_mechanism value -> the value models/attention.py runs ("auto"/"sdpa": fused
-# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": packed rows through
-# models/flash_attention.py's segment-aware kernel, other rows as "auto")
+# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": models/flash_attention.py's
+# segment-aware kernel, context parallel over sp)
 ATTENTION: dict[str, str] = {
     "auto": "auto", "sdpa": "sdpa", "flash": "auto", "flash_attn2": "auto", "cuda_flash_attn2": "auto",
     "cudnn": "cudnn", "xla": "xla", "vanilla": "vanilla", "blockwise": "vanilla",
     "pallas": "pallas", "pallas_flash": "pallas",
 }
 REFUSED_ATTENTION: dict[str, str] = {
-    "ring": "ring attention is not implemented; with the sequence split over sp, einsum attention gathers keys",
+    "ring": "ring attention is not implemented; 'pallas' splits the sequence over sp by gathering keys instead",
     "splash": "splash attention is a TPU Pallas kernel we do not ship",
     "blocksparse": "block-sparse (splash) attention is a TPU Pallas kernel we do not ship",
     "ragged_page_attention_v2": "paged attention is for inference servers",
@@ -87,12 +87,12 @@ REFUSED_ATTENTION: dict[str, str] = {
 # accepted gradient_checkpointing value -> the policy models/llama.py applies
 REMAT: dict[str, str] = {
     "none": "none", "full": "full", "dots": "dots", "dots_with_no_batch_dims": "dots_with_no_batch_dims",
-    "save_attention": "save_attention",
+    "save_attention": "save_attention", "dots_and_attention": "dots_and_attention",
     "": "none", "everything_saveable": "none", "nothing_saveable": "full", "checkpoint_dots": "dots",
     "dots_saveable": "dots", "checkpoint_dots_with_no_batch_dims": "dots_with_no_batch_dims",
     "dots_with_no_batch_dims_saveable": "dots_with_no_batch_dims", "selective": "dots_with_no_batch_dims",
 }
-REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention")
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention", "dots_and_attention")
 
 
 def _text(value: Any) -> str:

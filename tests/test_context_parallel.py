@@ -1,0 +1,139 @@
+"""Long sequences: the flash kernel on a sequence split over devices, and remat that keeps its statistics.
+
+Context parallelism runs each device's slice of the queries against the whole row's
+keys at the slice's offset (:mod:`scaletrain.models.flash_sharding`); these tests hold
+it to the einsum path over the unsplit row, first kernel-level (slices in a loop with
+a traced offset), then as ``attn_mechanism="pallas"`` in a Llama on a mesh with
+``sp = 2``. Pallas runs in interpret mode on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scaletrain.errors import ConfigError
+from scaletrain.models.attention import build_attention_mask, dot_product_attention
+from scaletrain.models.flash_attention import segment_flash_attention
+from scaletrain.models.flash_sharding import sequence_block
+
+HQ, HKV, D = 4, 2, 16
+
+
+def segments(t: int, *lengths: int) -> np.ndarray:
+    """Documents 1, 2, ... of these lengths, then padding to ``t``."""
+    ids = np.zeros(t, np.int32)
+    ids[: sum(lengths)] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
+    return ids
+
+
+def test_slices_at_their_offsets_equal_the_whole_row() -> None:
+    """Four 32-token query slices against the 128-token row (offset traced, as ``axis_index`` is):
+    outputs concatenate and key/value gradients sum to the einsum path's over the unsplit row."""
+    t, n = 128, 4
+    s = t // n
+    rng = np.random.default_rng(0)
+    seg = jnp.asarray(np.stack([segments(t, t), segments(t, 20, 50, 40), segments(t, 30, 1, 33)]))
+    b = seg.shape[0]
+    q, do = (jnp.asarray(rng.standard_normal((b, t, HQ, D), np.float32)) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((b, t, HKV, D), np.float32)) for _ in range(2))
+
+    @jax.jit
+    def both(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array, seg: jax.Array) -> tuple:
+        def one_slice(r: jax.Array) -> tuple:
+            take = lambda x: jax.lax.dynamic_slice_in_dim(x, r * s, s, axis=1)  # noqa: E731
+            out, vjp = jax.vjp(lambda q_, k_, v_: segment_flash_attention(
+                q_, k_, v_, take(seg), kv_segment_ids=seg, q_offset=r * s, block_q=16, block_k=16,
+                interpret=True), take(q), k, v)
+            return (out, *vjp(take(do)))
+
+        out, dq, dk, dv = jax.lax.map(one_slice, jnp.arange(n))  # one compile of the kernels for every slice
+        whole = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, t, *x.shape[3:])  # noqa: E731
+        mask = build_attention_mask(seg, jnp.zeros_like(seg), None)
+        ref, ref_vjp = jax.vjp(lambda *a: dot_product_attention(*a, mask, jnp.float32, None), q, k, v)
+        return (whole(out), whole(dq), dk.sum(0), dv.sum(0)), (ref, *ref_vjp(do))
+
+    got, want = both(q, k, v, do, seg)
+    for name, a, w in zip(("output", "dq", "dk", "dv"), got, want):
+        # float32 throughout; only the summation order differs (online softmax over <= 128 keys,
+        # dk/dv summed over 4 slices): measured <= 3e-6 absolute, as test_flash_attention
+        np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-5, atol=2e-5, err_msg=name)
+
+
+def test_sequence_block_is_a_whole_tile_of_the_slice() -> None:
+    assert sequence_block(4096) == 64 and sequence_block(96) == 32 and sequence_block(48) == 16
+    with pytest.raises(ConfigError, match="attn_mechanism.*multiple of 16"):
+        sequence_block(40)
+
+
+def _llama(mechanism: str, policy: str = "none", **kw: object):
+    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.factory import create_sharded_model, mesh_for_config
+    from scaletrain.models.llama import LlamaForCausalLM
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(**{**shape, **kw}, attn_mechanism=mechanism, gradient_checkpointing=policy)
+    return create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=mesh_for_config(config))
+
+
+def test_model_over_sp_equals_the_einsum_path() -> None:
+    """A Llama on fsdp 2 x tp 2 x sp 2: ``pallas`` (context parallel) gives the einsum path's loss and
+    gradients, for packed rows and for rows that are one sequence each (no segment ids)."""
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, 64)), jnp.int32)
+    seg = jnp.asarray(np.stack([segments(64, 64), segments(64, 20, 30), segments(64, 40), segments(64, 31, 2, 31)]))
+    pos = jnp.asarray(np.stack([np.concatenate([np.arange(n) for n in np.bincount(r)[1:] if n] +
+                                               [np.zeros((r == 0).sum(), int)]) for r in np.asarray(seg)]))
+
+    def loss_and_grads(mechanism: str) -> list[tuple[float, dict]]:
+        model, mesh = _llama(mechanism, sharding_axis_dims=(1, 2, 1, 2, 2))
+        results = []
+        for kwargs in (dict(positions=pos, segment_ids=seg), {}):
+            def loss(m, kwargs=kwargs) -> jax.Array:
+                return jnp.mean(m(ids, **kwargs).astype(jnp.float32) ** 2)
+
+            with jax.set_mesh(mesh):
+                value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+                traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
+            assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
+            results.append((float(value), nnx.to_pure_dict(grads)))
+        return results
+
+    for (want, want_g), (got, got_g) in zip(loss_and_grads("xla"), loss_and_grads("pallas")):
+        # float32; the kernel's online softmax and the sum of key gradients over the sp devices only
+        # reorder the arithmetic (as in test_flash_attention's model test)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6 * float(np.abs(b).max()),
+                                       err_msg=jax.tree_util.keystr(path))
+
+
+def test_remat_policies_that_keep_attention_run_its_forward_once() -> None:
+    """One layer over packed rows, the compiled gradient: the policies that save the kernel's output and
+    log-sum-exp run the forward kernel as often as no remat does; ``full`` runs it again in the backward.
+
+    Counted in the compiled program, not the jaxpr: a ``pallas_call`` is never dropped from a jaxpr
+    (Pallas' DCE rule keeps it), but XLA drops one whose results go unused, on CPU (where interpret
+    mode makes each kernel call loops tagged with the kernel's name) as on GPU (a Triton custom call
+    without side effects)."""
+    ids = jnp.ones((2, 32), jnp.int32)
+    seg = jnp.asarray(np.stack([segments(32, 32), segments(32, 10, 22)]))
+
+    def forward_loops(policy: str) -> int:
+        model, mesh = _llama("pallas", policy)
+
+        def loss(state: nnx.State) -> jax.Array:
+            return nnx.merge(nnx.graphdef(model), state)(ids, segment_ids=seg).astype(jnp.float32).sum()
+
+        with jax.set_mesh(mesh):
+            hlo = jax.jit(jax.grad(loss)).lower(nnx.state(model)).compile().as_text()
+        return sum(" while(" in line and "segment_flash_forward" in line for line in hlo.splitlines())
+
+    once = forward_loops("none")
+    assert once > 0
+    assert forward_loops("full") == 2 * once
+    assert forward_loops("save_attention") == once
+    assert forward_loops("dots_and_attention") == once
