@@ -1,6 +1,6 @@
 """Compile scaletrain's train step for accelerators this host does not have: memory and kernels, ahead of time.
 
-``python bench/aot.py [--target h100 | v5e:2x4 | ...] [--batch 8] [--seq 2048] [--remat none] [--attn auto]``
+``python bench/aot.py [--target h100 | v5e:2x4 | ...] [--batch 8] [--seq 2048] [--remat none] [--layers N]``
 
 XLA's GPU compiler runs without a GPU when it is given the device's description
 (``bench/aot_targets/<target>.txtpb``) instead of asking a driver, and libtpu compiles
@@ -18,9 +18,12 @@ loader gives (``--batches``):
 It reports XLA's per-device memory analysis (temporaries, arguments, outputs,
 aliased/donated bytes, and their sum against the device's memory; on TPU a step that
 does not fit fails to compile, reported as ``fits: false``), which cuDNN attention
-kernels the step calls, the custom-call, conditional and collective census, and compile
-time. Nothing runs, so no speed: time and MFU come from ``bench/gpu.py`` on a real
-device. Without autotuning (no device) XLA may pick other GPU GEMM kernels than on the
+kernels the step calls, the custom-call, conditional and collective census, compile
+time, and the compiling process's host memory (``host_peak_rss_gb``: VmHWM while that one
+step lowers and compiles, reset before each; ``host_rss_before_compile_gb``). ``--layers N``
+compiles the model with ``num_hidden_layers=N`` instead, to see how compile time and host
+memory grow with depth. Nothing runs, so no speed: time and MFU come from ``bench/gpu.py``
+on a real device. Without autotuning (no device) XLA may pick other GPU GEMM kernels than on the
 device; measured on an H100 spec, forcing cuBLAS instead of Triton GEMMs moved the
 temporaries by 0.5 of 25 GB.
 
@@ -66,7 +69,8 @@ AOT_ENV = {
 TPU_MEMORY = {"TPU v5 lite": 16 * 2**30, "TPU v6 lite": 32 * 2**30, "TPU v5": 95 * 2**30, "TPU v4": 16 * 2**30}
 VENV = {"cuda": "aot_cuda", "tpu": "aot_tpu"}
 
-from gpu import LLAMA_1B, TINY  # noqa: E402  (constants only: no JAX import)
+from common import host_memory_gb, reset_host_peak  # noqa: E402  (no JAX import)
+from gpu_cases import LLAMA_1B, TINY  # noqa: E402  (constants only: no JAX import)
 
 #: Llama-3.1-8B's architecture (its config.json)
 LLAMA_8B: dict[str, Any] = dict(
@@ -161,6 +165,9 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
     train, bs, chunk = jit_train_step(cfg, tx, state, mesh, args, seq)
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=bs)
     data = {"input_ids": ids} if kind == "tokens" else {"input_ids": ids, "segment_ids": ids, "positions": ids}
+    # the host's peak while this one step lowers and compiles (reset: an earlier batch kind's does not count)
+    peak_is_this_compile = reset_host_peak()
+    rss_before = host_memory_gb("VmRSS")
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = train.lower(state, data)
@@ -170,8 +177,10 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
             if "RESOURCE_EXHAUSTED" not in str(exc):
                 raise
             return {"batch_kind": kind, "num_params": state.num_params, "fits": False,
-                    "compile_s": round(time.perf_counter() - t0, 1), "error": str(exc).splitlines()[0][:400]}
+                    "compile_s": round(time.perf_counter() - t0, 1), "error": str(exc).splitlines()[0][:400],
+                    **_host_memory(rss_before, peak_is_this_compile)}
     seconds = time.perf_counter() - t0
+    host = _host_memory(rss_before, peak_is_this_compile)
     hlo = compiled.as_text()
     if dump:
         os.makedirs(dump, exist_ok=True)
@@ -187,6 +196,7 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
         "fits": True,
         "loss_chunk": chunk,
         "compile_s": round(seconds, 1),
+        **host,
         "memory": memory,
         # donated inputs are aliased to outputs: counted once
         "peak_bytes": memory["temp_size_in_bytes"] + memory["argument_size_in_bytes"]
@@ -199,6 +209,15 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
                                          "collective-permute")
                         if (n := len(re.findall(rf"\s{op}(?:-start)?\(", hlo)))},
     }
+
+
+def _host_memory(rss_before: float | None, peak_is_this_compile: bool) -> dict[str, Any]:
+    """The compiling process's resident memory (GB): before the compile, and its peak during it
+    (``host_peak_is_process_peak``: the kernel refused the reset, so the peak is the process's)."""
+    peak = host_memory_gb("VmHWM")
+    return {"host_rss_before_compile_gb": None if rss_before is None else round(rss_before, 2),
+            "host_peak_rss_gb": None if peak is None else round(peak, 2),
+            "host_peak_is_process_peak": not peak_is_this_compile}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -218,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--dims", default=None,
                    help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
     p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="num_hidden_layers instead of the model's own (16 for 1b): how compile time and host "
+                        "memory grow with depth")
     p.add_argument("--tiny", action="store_true", help="a toy model (tests the plumbing)")
     p.add_argument("--cpu", action="store_true", help="compile for this host's CPU instead (tests, no plugin)")
     p.add_argument("--out", default=None,
@@ -249,16 +271,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     batch = a.batch or max(2 if a.tiny else 8, len(devices))
     seq = a.seq or (64 if a.tiny else 2048)
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else (1, -1, 1, 1, 1)
-    cfg = LlamaConfig(**(TINY if a.tiny else MODELS[a.model]), gradient_checkpointing=a.remat, attn_mechanism=a.attn,
-                      sharding_axis_dims=dims, fp8=a.fp8)
-    model = "tiny" if a.tiny else a.model
+    arch = dict(TINY if a.tiny else MODELS[a.model])
+    if a.layers is not None:
+        if a.layers < 1:
+            p.error(f"--layers {a.layers}: give at least 1")
+        arch["num_hidden_layers"] = a.layers
+    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, sharding_axis_dims=dims, fp8=a.fp8)
+    model = ("tiny" if a.tiny else a.model) + ("" if a.layers is None else f"-{a.layers}layers")
     runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
     result = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "python bench/aot.py " + " ".join(argv),
         "target": device,
         "jax": jax.__version__,
-        "config": {"model": model, "devices": len(devices), "sharding_axis_dims": dims,
+        "config": {"model": model, "num_hidden_layers": cfg.num_hidden_layers, "devices": len(devices),
+                   "sharding_axis_dims": dims,
                    "batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
                    "attn_mechanism": a.attn, "fp8": a.fp8},
         "runs": runs,
@@ -272,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     total = device["device_memory_bytes"]
     for r in runs:
         if not r["fits"]:
-            print(f"{r['batch_kind']:>7}: does not fit: {r['error']}")
+            print(f"{r['batch_kind']:>7}: does not fit: {r['error']} (host peak RSS {_gb(r['host_peak_rss_gb'])})")
             continue
         fits = f" of {total / 1e9:.1f} GB" if total else ""
         temp = r["memory"]["temp_size_in_bytes"] / 1e9
@@ -280,9 +307,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
               f"temp {temp:.2f} GB, peak {r['peak_bytes'] / 1e9:.2f} GB{fits}, "
               f"cuDNN attention {r['cudnn_attention'] or 'none'}, "
               f"conditionals {r['conditionals']}, collectives {r['collectives'] or 'none'}, "
-              f"compiled in {r['compile_s']} s")
+              f"compiled in {r['compile_s']} s, host peak RSS {_gb(r['host_peak_rss_gb'])} "
+              f"(before the compile {_gb(r['host_rss_before_compile_gb'])})")
     print(f"wrote {out}")
     return result
+
+
+def _gb(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f} GB"
 
 
 if __name__ == "__main__":

@@ -201,6 +201,37 @@ def variant_arg(argv: list[str] | None = None) -> str:
     return a.variant
 
 
+def host_memory_gb(field: str = "VmHWM") -> float | None:
+    """This process's peak (``VmHWM``) or current (``VmRSS``) resident memory in GB (1e9 bytes).
+
+    Why /proc/self/status and not ``getrusage``: the kernel's high-water mark can be
+    reset (:func:`reset_host_peak`), so one process can measure the peak of each phase
+    (one compile each) on its own. None where there is no /proc (not Linux).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024 / 1e9  # the kernel reports kB (KiB)
+    except OSError:
+        pass
+    return None
+
+
+def reset_host_peak() -> bool:
+    """Lower this process's ``VmHWM`` to its current RSS (``5`` to /proc/self/clear_refs, Linux ≥ 4.0).
+
+    Returns False where the kernel does not allow it: the next peak is then the
+    process's peak since it started, an upper bound of the phase's.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def write_record(record: dict[str, Any], name: str, out: str | None = None) -> str:
     """Write a benchmark's JSON to ``out`` or ``bench/results/<name>-<date>.json``; return the path.
 

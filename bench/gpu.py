@@ -1,20 +1,40 @@
-"""One GPU, a real ~1B Llama, bf16 compute: tokens/s, TFLOP/s, MFU, time to first step.
+"""One GPU, a real ~1B Llama, bf16 compute: scaletrain and HF transformers + torch side by side.
 
 ``python bench/gpu.py`` trains Llama-3.2-1B's architecture (hidden 2048, 16 layers,
 32 heads / 8 kv heads, head dim 64, intermediate 8192, vocab 128,256, tied
-embeddings, llama3 RoPE; 1.24B parameters) on random tokens at sequence 2048 with
-``scaletrain.Trainer``: bfloat16 compute, float32 master weights and AdamW state,
-cuDNN fused attention where the backend has it (``attn_mechanism="auto"``), the
-chunked loss for the 128k vocabulary. MFU is against the device's dense bf16 peak
-from ``scaletrain.training.metrics.PEAK_FLOPS`` (989 TFLOP/s for H100/H200).
+embeddings, llama3 RoPE; 1.24B parameters) on random tokens in three cases, each
+16,384 tokens per step: ``single`` (seq 2048, batch 8, one sequence per row),
+``packed`` (seq 2048, batch 8, rows of documents of 64-1,024 tokens: same-document
+causal attention) and ``long`` (seq 8192, batch 2). ``--cases`` picks some, or adds ``long32k``
+(seq 32768, batch 1).
 
-``--fp8`` runs the q/k/v/o and MLP projections as FP8 GEMMs (``model.fp8``: e4m3 forward,
-e5m2 gradients, current per-tensor scaling; cuBLASLt FP8 on Hopper, emulated elsewhere),
-for the tokens/s ratio against the bf16 run of the same command; MFU stays against the
-bf16 peak, so the two runs' MFUs compare like their tokens/s.
+Each system × case runs in its own fresh process, one after the other (never two on
+the GPU at once), with empty compile caches (JAX's, inductor's, Triton's), so
+``first_step_s`` — wall time from the process's start to the end of step 1 — is a
+cold start and ``host_peak_rss_gb`` (the process's ``VmHWM``) is that run's own.
 
-``--tiny`` swaps in a toy model and a few steps so the same code path runs end to
-end on a CPU (that is what the test suite does); its numbers mean nothing.
+* scaletrain: ``scaletrain.Trainer`` with bfloat16 compute, float32 master weights
+  and AdamW state, cuDNN fused attention where the backend has it
+  (``attn_mechanism="auto"``), the chunked loss for the 128k vocabulary; ``--attn``,
+  ``--remat``, ``--fp8`` (FP8 projection GEMMs, ``model.fp8``), ``--dtype`` apply to it.
+* the contender (``--contender compile``, the default; ``eager``; ``none``):
+  ``bench/torch_contender.py``, HF ``LlamaForCausalLM`` from the same architecture dict,
+  SDPA, bf16 autocast over float32 weights, fused AdamW, the whole step under
+  ``torch.compile`` (its docstring says what SDPA gets in each case).
+
+Both see the same rows in the same order (:func:`gpu_cases.case_rows`) and read the
+clock at the same steps; tokens/s is the median over the windows after the first. MFU
+uses one ``LlamaConfig.flops_per_token(seq)`` and one ``peak_flops_per_device()``
+(989 TFLOP/s dense bf16 for H100/H200), both computed here, for both systems; with
+``--fp8`` the peak stays bf16's, so MFUs compare like tokens/s. ``ratios``:
+``vs_hf_compile`` (``vs_hf_eager`` with ``--contender eager``), scaletrain's tokens/s
+over the contender's per case, and ``packed_vs_single``, scaletrain's packed tokens/s
+over its single. A run that fails is recorded with its error (its ratios null) and the
+others go on.
+
+``--tiny`` runs the same code paths on a CPU with a toy model and a few steps (the
+contender eager unless ``--contender compile``): that is what the test suite does; its
+numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -22,156 +42,269 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
-import statistics
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, ROOT)
 
-#: Llama-3.2-1B's architecture (the config.json of meta-llama/Llama-3.2-1B)
-LLAMA_1B: dict[str, Any] = dict(
-    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 8192},
-    tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
+from common import host_memory_gb  # noqa: E402
+
+# LLAMA_1B and TINY are also read from here by bench/aot.py
+from gpu_cases import (  # noqa: E402
+    CASES, DEFAULT_CASES, DOC_LENGTHS, LLAMA_1B, TINY, TINY_CASES, TINY_DOC_LENGTHS, case_rows, clock_marks, process_start_time,
+    steady_rate,
 )
-TINY: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                            tie_word_embeddings=True)
+
+SYSTEMS = ("scaletrain", "hf")
+RATIO_KEY = {"compile": "vs_hf_compile", "eager": "vs_hf_eager"}
 
 
-def process_start_time() -> float:
-    """Wall-clock time this process started (Linux /proc), else now."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration):
-        return time.time()
-
-
-def packed_layout(rows: int, seq: int, shortest: int, longest: int) -> tuple[Any, Any]:
-    """Segment ids (1, 2, ...) and per-document positions [rows, seq] of documents of random lengths."""
-    import numpy as np
-
-    rng = np.random.default_rng(1)
-    segments = np.zeros((rows, seq), np.int32)
-    positions = np.zeros((rows, seq), np.int32)
-    for r in range(rows):
-        start, doc = 0, 1
-        while start < seq:
-            n = min(int(rng.integers(shortest, longest + 1)), seq - start)
-            segments[r, start:start + n], positions[r, start:start + n] = doc, np.arange(n)
-            start, doc = start + n, doc + 1
-    return segments, positions
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def run_scaletrain(spec: dict[str, Any]) -> dict[str, Any]:
+    """The scaletrain worker: ``scaletrain.Trainer`` on the case's rows, clocked by a callback."""
     launched = process_start_time()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="toy model, CPU-friendly (tests the plumbing only)")
-    p.add_argument("--steps", type=int, default=None, help="default 30 (tiny: 4)")
-    p.add_argument("--window", type=int, default=None, help="steps per timing window (default 5; tiny: 2)")
-    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; tiny: 2)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; tiny: 32)")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--remat", default="none", help="gradient_checkpointing policy (none, full, dots, ...)")
-    p.add_argument("--attn", default="auto", help="attn_mechanism: auto (cuDNN on GPU), cudnn, xla")
-    p.add_argument("--fp8", action="store_true", help="FP8 projection matmuls (model.fp8; see scaletrain.models.fp8)")
-    p.add_argument("--packed", action="store_true",
-                   help="rows of several documents (64-1024 tokens; tiny 4-16): segment ids and positions, "
-                        "so attention gets the same-document mask (cuDNN: a bias; --attn pallas: segment ids)")
-    p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-<date>.json)")
-    a = p.parse_args(argv)
-    steps = a.steps or (4 if a.tiny else 30)
-    window = a.window or (2 if a.tiny else 5)
-    batch = a.batch or (2 if a.tiny else 8)
-    seq = a.seq or (32 if a.tiny else 2048)
-
     import jax
-    import numpy as np
 
     import scaletrain as st
     from scaletrain.data.packing import PackedRows
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
     from scaletrain.models.attention import use_fused_attention
     from scaletrain.training.callbacks import memory_stats
-    from scaletrain.training.metrics import peak_flops_per_device
 
-    arch = TINY if a.tiny else LLAMA_1B
-    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, fp8=a.fp8)
-    model, _ = create_sharded_model(LlamaForCausalLM, cfg, dtype=a.dtype, param_dtype="float32")
-    rows = steps * batch
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, seq), dtype=np.int32)
-    if a.packed:  # documents of random length per row, as first-fit packing leaves them (last one cut)
-        segments, positions = packed_layout(rows, seq, *((4, 16) if a.tiny else (64, 1024)))
-        data = PackedRows(tokens, segments, positions)
-    else:
-        data = PackedRows(tokens, np.ones_like(tokens), np.broadcast_to(np.arange(seq, dtype=np.int32),
-                                                                        tokens.shape).copy())
-
-    marks = sorted({1, *range(window, steps + 1, window)})
+    batch, seq, steps, dtype = spec["batch"], spec["seq"], spec["steps"], spec["dtype"]
+    cfg = LlamaConfig(**spec["arch"], gradient_checkpointing=spec["remat"], attn_mechanism=spec["attn"],
+                      fp8=spec["fp8"])
+    model, _ = create_sharded_model(LlamaForCausalLM, cfg, dtype=dtype, param_dtype="float32")
+    data = PackedRows(*case_rows(spec))  # one-sequence rows are single_segment: tokens only, plain causal
+    marks = set(clock_marks(steps, spec["window"]))
     times: dict[int, float] = {}
-    first_step_s: list[float] = []
+    first: dict[str, float] = {}
 
     class Clock(st.Callback):
         def post_step(self, trainer: Any, step: int, metrics: Any) -> None:
             if step in marks:
-                jax.block_until_ready(metrics.device("loss"))
+                loss = jax.block_until_ready(metrics.device("loss"))
                 times[step] = time.perf_counter()
                 if step == 1:
-                    first_step_s.append(time.time() - launched)
+                    first.update(first_step_s=time.time() - launched, first_loss=float(loss))
 
     with tempfile.TemporaryDirectory(prefix="scaletrain-gpu-bench-") as tmp:
         args = st.TrainingArguments(
             output_dir=tmp, total_batch_size=batch, max_length=seq, num_train_epochs=None, max_training_steps=steps,
-            learning_rate=3e-4, scheduler="constant", dtype=a.dtype, param_dtype="float32", do_eval=False,
-            log_steps=window, progress_bar=False, report_to=(), save_at_end=False,
+            learning_rate=3e-4, scheduler="constant", dtype=dtype, param_dtype="float32", do_eval=False,
+            log_steps=spec["window"], progress_bar=False, report_to=(), save_at_end=False,
+            shuffle_train_dataset=False, compilation_cache_dir=os.path.join(tmp, "jax-cache"),  # a first run's
         )
         trainer = st.Trainer(args, model=model, dataset_train=data, callbacks=[Clock()])
         trainer.train()
         final_loss = trainer.metrics_logger.last_train.get("loss")
         num_params = trainer.model_state.num_params
-    done = sorted(times)
-    rates = [(s1 - s0) * batch * seq / (times[s1] - times[s0]) for s0, s1 in zip(done, done[1:])]
-    steady = rates[1:] or rates
-    tps = statistics.median(steady) if steady else float("nan")
-    fpt = cfg.flops_per_token(seq)
+    tps, rates = steady_rate(times, batch * seq)
+    memory = memory_stats()
+    device = jax.devices()[0]
+    return {
+        "tokens_per_s": tps, "window_tokens_per_s": rates, "first_step_s": first.get("first_step_s"),
+        "host_peak_rss_gb": host_memory_gb(),
+        "device_peak_gb": memory["device_peak_bytes_in_use"] / 1e9 if "device_peak_bytes_in_use" in memory else None,
+        "device_memory": memory, "first_loss": first.get("first_loss"), "final_loss": final_loss,
+        "num_params": num_params,
+        "info": {"measured_on": f"{device.platform}: {device.device_kind}", "jax": jax.__version__,
+                 "dtype": dtype, "param_dtype": "float32", "remat": spec["remat"], "attn_mechanism": spec["attn"],
+                 "fp8": spec["fp8"],
+                 "fused_attention": use_fused_attention(spec["attn"], jax.numpy.dtype(dtype), cfg.head_dim)},
+    }
+
+
+def worker_command(system: str, spec: dict[str, Any], out: str, torch_python: str) -> list[str]:
+    if system == "scaletrain":
+        return [sys.executable, os.path.abspath(__file__), "--worker", "--spec", json.dumps(spec), "--out", out]
+    return [torch_python, os.path.join(HERE, "torch_contender.py"), "--spec", json.dumps(spec), "--out", out]
+
+
+def run_worker(cmd: list[str], workdir: str, timeout: float) -> dict[str, Any]:
+    """One run in a fresh process with empty compile caches; its result, or its error."""
+    os.makedirs(workdir)
+    out = cmd[cmd.index("--out") + 1]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(workdir, "inductor-cache")
+    env["TRITON_CACHE_DIR"] = os.path.join(workdir, "triton-cache")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    t0 = time.time()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s", "wall_s": time.time() - t0}
+    except OSError as e:  # e.g. no such interpreter (--torch-python)
+        return {"error": f"could not start {cmd[0]}: {e}", "wall_s": time.time() - t0}
+    wall = time.time() - t0
+    if done.returncode != 0 or not os.path.exists(out):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
+        return {"error": f"exit {done.returncode}: " + " | ".join(tail)[-2000:], "wall_s": wall}
+    with open(out) as f:
+        return json.load(f) | {"error": None, "wall_s": wall}
+
+
+def usable(entry: dict[str, Any] | None) -> bool:
+    tps = (entry or {}).get("tokens_per_s")
+    return tps is not None and math.isfinite(tps) and tps > 0
+
+
+def ratios(cases: dict[str, dict[str, Any]], contender: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """scaletrain over the contender per case, and scaletrain's packed over its single; notes for nulls."""
+    out: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    if contender in RATIO_KEY:
+        key = RATIO_KEY[contender]
+        out[key] = {}
+        for name, case in cases.items():
+            st, hf = case.get("scaletrain"), case.get("hf")
+            if usable(st) and usable(hf):
+                out[key][name] = st["tokens_per_s"] / hf["tokens_per_s"]
+            else:
+                out[key][name] = None
+                failed = [s for s in SYSTEMS if not usable(case.get(s))]
+                notes[f"{key}.{name}"] = "; ".join(f"{s}: {(case.get(s) or {}).get('error') or 'no tokens/s'}"
+                                                   for s in failed)
+    single, packed = (cases.get(n, {}).get("scaletrain") for n in ("single", "packed"))
+    if usable(single) and usable(packed):
+        out["packed_vs_single"] = packed["tokens_per_s"] / single["tokens_per_s"]
+    else:
+        out["packed_vs_single"] = None
+        notes["packed_vs_single"] = ("needs both cases single and packed" if single is None or packed is None
+                                     else "a scaletrain run failed")
+    return out, notes
+
+
+def table(result: dict[str, Any]) -> str:
+    """A markdown table: one line per case × system."""
+    hf_name = f"HF + torch ({result['contender']})"
+    lines = ["| case | system | tokens/s | MFU | first step (s) | host peak RSS (GB) | device peak (GB) | "
+             "final loss |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def num(x: Any, fmt: str) -> str:
+        return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+    for name, case in result["cases"].items():
+        for system in SYSTEMS:
+            e = case.get(system)
+            if e is None:
+                continue
+            label = "scaletrain" if system == "scaletrain" else hf_name
+            if e.get("error"):
+                lines.append(f"| {name} | {label} | failed: {e['error'][:100]} | | | | | |")
+                continue
+            mfu = None if e["mfu"] is None else 100 * e["mfu"]
+            lines.append(f"| {name} | {label} | {num(e['tokens_per_s'], ',.0f')} | {num(mfu, '.1f')} % | "
+                         f"{num(e['first_step_s'], '.1f')} | {num(e['host_peak_rss_gb'], '.2f')} | "
+                         f"{num(e['device_peak_gb'], '.1f')} | {num(e['final_loss'], '.3f')} |")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="toy model, CPU-friendly (tests the plumbing only)")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    p.add_argument("--contender", choices=("compile", "eager", "none"), default=None,
+                   help="HF + torch with torch.compile (default; tiny: eager), eager, or not at all")
+    p.add_argument("--steps", type=int, default=None, help="default 30 (tiny: 4)")
+    p.add_argument("--window", type=int, default=None, help="steps per timing window (default 5; tiny: 2)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step, every case (default: the case's)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length, every case (default: the case's)")
+    p.add_argument("--dtype", default="bfloat16", help="compute dtype of both systems")
+    p.add_argument("--remat", default="none", help="scaletrain's gradient_checkpointing policy (none, full, dots, ...)")
+    p.add_argument("--attn", default="auto", help="scaletrain's attn_mechanism: auto (cuDNN on GPU), cudnn, xla, "
+                                                  "pallas")
+    p.add_argument("--fp8", action="store_true", help="scaletrain's FP8 projection matmuls (model.fp8)")
+    p.add_argument("--torch-python", default=sys.executable, help="interpreter for the contender (default: this one)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-<date>.json)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: run scaletrain's side
+    p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.case_names = [c.strip() for c in a.cases.split(",") if c.strip()]
+    unknown = [c for c in a.case_names if c not in CASES]
+    if unknown or not a.case_names:
+        p.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
+    a.contender = a.contender or ("eager" if a.tiny else "compile")
+    return a
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse(argv)
+    if a.worker:
+        result = run_scaletrain(json.loads(a.spec))
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+        return result
+    steps, window = a.steps or (4 if a.tiny else 30), a.window or (2 if a.tiny else 5)
+    arch, shapes = (TINY, TINY_CASES) if a.tiny else (LLAMA_1B, CASES)
+    systems = SYSTEMS if a.contender != "none" else SYSTEMS[:1]
+    cases: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="scaletrain-gpu-side-by-side-") as work:
+        for name in a.case_names:
+            batch, seq, packed = shapes[name]
+            batch, seq = a.batch or batch, a.seq or seq
+            spec = {"case": name, "arch": arch, "batch": batch, "seq": seq, "packed": packed,
+                    "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS, "steps": steps, "window": window,
+                    "dtype": a.dtype, "remat": a.remat, "attn": a.attn, "fp8": a.fp8,
+                    "compile": a.contender == "compile"}
+            cases[name] = {"batch": batch, "seq": seq, "packed": packed}
+            for system in systems:
+                run_dir = os.path.join(work, f"{name}-{system}")
+                cmd = worker_command(system, spec, os.path.join(run_dir, "result.json"), a.torch_python)
+                print(f"[gpu] {name} / {system}: running", flush=True)
+                entry = run_worker(cmd, run_dir, a.timeout)
+                entry["command"] = shlex.join(cmd[:-2])  # without the temporary --out
+                cases[name][system] = entry
+                print(f"[gpu] {name} / {system}: " + (f"FAILED {entry['error']}" if entry["error"] else
+                      f"{entry['tokens_per_s']:,.0f} tokens/s, first step {entry['first_step_s']:.1f}s, "
+                      f"wall {entry['wall_s']:.0f}s"), flush=True)
+
+    # only now (every run has ended) does this process start a JAX backend of its own
+    import jax
+
+    from scaletrain.models import LlamaConfig
+    from scaletrain.training.metrics import peak_flops_per_device
+
     peak = peak_flops_per_device()
+    for case in cases.values():
+        case["flops_per_token"] = fpt = LlamaConfig(**arch).flops_per_token(case["seq"])
+        for system in systems:
+            e = case[system]
+            tps = e.get("tokens_per_s")
+            e["tflops"] = None if tps is None else tps * fpt / 1e12
+            e["mfu"] = None if tps is None else tps * fpt / peak
+    ratio_values, notes = ratios(cases, a.contender)
     device = jax.devices()[0]
     result = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python bench/gpu.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "tiny": a.tiny,
         "measured_on": f"{device.platform}: {device.device_kind}",
-        "num_params": num_params,
-        "config": {"batch": batch, "seq": seq, "steps": steps, "window": window, "dtype": a.dtype,
-                   "param_dtype": "float32", "remat": a.remat, "attn_mechanism": a.attn, "fp8": a.fp8,
-                   "packed": a.packed,
-                   "fused_attention": use_fused_attention(a.attn, jax.numpy.dtype(a.dtype), cfg.head_dim)},
-        "tokens_per_s": tps,
-        "tflops": tps * fpt / 1e12,
-        "mfu": tps * fpt / peak,
+        "contender": a.contender,
         "peak_flops_per_device": peak,
-        "flops_per_token": fpt,
-        "first_step_s": first_step_s[0] if first_step_s else None,
-        "final_loss": final_loss,
-        "memory": memory_stats(),
-        "window_tokens_per_s": rates,
+        "config": {"steps": steps, "window": window, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
+                   "attn_mechanism": a.attn, "fp8": a.fp8, "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS},
+        "cases": cases,
+        "ratios": ratio_values,
+        "ratio_notes": notes,
     }
     out = a.out or os.path.join(HERE, "results", f"gpu-{dt.date.today().isoformat()}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"{result['measured_on']}: {num_params / 1e6:.1f}M params, {tps:.0f} tokens/s, {result['tflops']:.1f} "
-          f"TFLOP/s, MFU {100 * result['mfu']:.1f}%, first step {result['first_step_s']:.1f}s; wrote {out}")
+    print(table(result))
+    print("ratios: " + json.dumps(ratio_values))
+    print(f"{result['measured_on']}, peak {peak / 1e12:.1f} TFLOP/s; wrote {out}")
     return result
 
 

@@ -9,7 +9,8 @@ time grows with depth, faster than linearly on an H100 (1 layer 2.1 s, 16 layers
 layers in one small program and every layer with one jitted ``init(key, i)`` compiled
 once per distinct layer shape (:class:`scaletrain.models.factory.Initialiser`). This
 compiles both for each depth, each in a fresh process (so no in-process cache of the jit
-or of ``ptxas`` serves the next), and prints the ratio.
+or of ``ptxas`` serves the next), and prints the ratio and each process's peak resident
+memory (``*_host_peak_rss_gb``: VmHWM of the process that compiled, imports included).
 
 ``--target h100`` compiles for an H100 on this host (no GPU needed) through the CUDA
 compiler of ``bench/aot.py``'s venv, without GEMM autotuning (which needs a device), so
@@ -35,6 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
 import aot  # noqa: E402  (no JAX import at module level)
+from common import host_memory_gb  # noqa: E402
 
 
 def _compile_s(lowered: Any) -> float:
@@ -63,13 +65,20 @@ def measure(model: dict[str, Any], layers: int, devices: list[Any], mode: str) -
         whole = jax.jit(lambda: nnx.to_pure_dict(nnx.state(make())), out_shardings=shardings)
         init = factory.Initialiser(make, nnx.to_pure_dict(abstract_state), shardings, mesh)
         if mode == "whole":
-            return {"whole_program_compile_s": round(_compile_s(whole.lower()), 2)}
+            return {"whole_program_compile_s": round(_compile_s(whole.lower()), 2), **_host_peak("whole_program")}
         if mode == "per_layer":
             parts = {name: round(_compile_s(lowered), 2) for name, lowered in init.lower().items()}
-            return {"per_layer_compile_s": parts, "per_layer_total_s": round(sum(parts.values()), 2)}
+            return {"per_layer_compile_s": parts, "per_layer_total_s": round(sum(parts.values()), 2),
+                    **_host_peak("per_layer")}
         a, b = whole(), init()
         same = jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)
         return {"bit_identical": all(jax.tree.leaves(same))}
+
+
+def _host_peak(mode: str) -> dict[str, float | None]:
+    """This measuring process's peak resident memory (VmHWM, GB): imports, the abstract model and the compile."""
+    peak = host_memory_gb("VmHWM")
+    return {f"{mode}_host_peak_rss_gb": None if peak is None else round(peak, 2)}
 
 
 def _in_fresh_process(argv: list[str], mode: str, layers: int) -> dict[str, Any]:
@@ -92,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         sys.exit(aot.reexec_in_venv("cuda", argv, __file__))
     import jax
 
-    from gpu import LLAMA_1B, TINY
+    from gpu_cases import LLAMA_1B, TINY
 
     devices = jax.devices("cpu")[:1] if a.target == "cpu" else aot.gpu_devices(a.target, 1)[0]
     model = LLAMA_1B if a.model == "1b" else TINY
@@ -109,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         r["speedup"] = round(r["whole_program_compile_s"] / r["per_layer_total_s"], 2)
         runs.append(r)
         print(f"{n:>3} layers: whole program {r['whole_program_compile_s']:7.2f} s, per layer "
-              f"{r['per_layer_total_s']:6.2f} s ({r['speedup']}x)"
+              f"{r['per_layer_total_s']:6.2f} s ({r['speedup']}x); host peak RSS whole program "
+              f"{_gb(r['whole_program_host_peak_rss_gb'])}, per layer {_gb(r['per_layer_host_peak_rss_gb'])}"
               + (f", bit-identical: {r['bit_identical']}" if "bit_identical" in r else ""), flush=True)
     result = {"date": dt.datetime.now().isoformat(timespec="seconds"),
               "command": "python bench/init_compile.py " + " ".join(argv), "target": a.target,
@@ -120,6 +130,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         json.dump(result, f, indent=2)
     print(f"wrote {out}")
     return result
+
+
+def _gb(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f} GB"
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """The benchmarks run end to end (tiny configs; speed is never asserted here)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,15 +35,40 @@ def test_run_writes_ratios_for_the_in_process_contenders(tmp_path):
     assert "| scaletrain |" in done.stdout
 
 
-def test_gpu_benchmark_runs_tiny_on_cpu(tmp_path):
+def test_gpu_benchmark_runs_both_systems_side_by_side_tiny_on_cpu(tmp_path):
+    """bench/gpu.py --tiny: scaletrain and the HF + torch contender (eager in tiny), each case × system
+    in its own process; the ratios are the quotients of the recorded tokens/s and both systems' MFU
+    use one FLOPs-per-token and one peak."""
     out = tmp_path / "gpu.json"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--tiny", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--tiny", "--cases", "single,packed",
+           "--steps", "2", "--window", "1", "--out", str(out)]
+    env = _env()  # four worker processes: XLA's CPU compiler on its cheapest setting (same programs, ~3 s less each)
+    env["XLA_FLAGS"] = (env["XLA_FLAGS"] + " --xla_backend_optimization_level=0 "
+                        "--xla_llvm_disable_expensive_passes=true").strip()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["tiny"] is True and result["config"]["dtype"] == "bfloat16"
-    for key in ("tokens_per_s", "tflops", "mfu", "first_step_s"):
-        assert result[key] > 0, key
+    assert result["tiny"] is True and result["contender"] == "eager" and result["config"]["dtype"] == "bfloat16"
+    assert list(result["cases"]) == ["single", "packed"]
+    for name, case in result["cases"].items():
+        st, hf = case["scaletrain"], case["hf"]
+        for entry in (st, hf):
+            assert entry["error"] is None, entry["error"]
+            for key in ("tokens_per_s", "mfu", "tflops", "first_step_s", "host_peak_rss_gb", "final_loss"):
+                assert math.isfinite(entry[key]) and entry[key] > 0, (name, key)
+        assert st["num_params"] == hf["num_params"]  # one architecture, built by both from the same dict
+        assert st["mfu"] / st["tokens_per_s"] == pytest.approx(hf["mfu"] / hf["tokens_per_s"], rel=1e-12)
+        assert result["ratios"]["vs_hf_eager"][name] == pytest.approx(st["tokens_per_s"] / hf["tokens_per_s"],
+                                                                      rel=1e-12)
+        # random init (N(0, 0.02) tied embeddings, unit-RMS final norm, hidden 64): logits ~ N(0, 0.16²), so the
+        # first loss is ln(512) + 0.16²/2 ≈ ln(512) + 0.013, and the mean over 62 targets of a per-token spread of
+        # ~0.16 varies by ~0.02: 0.1 is over 4 of those from the expected value
+        assert abs(hf["first_loss"] - math.log(512)) < 0.1
+    packed = result["cases"]["packed"]
+    assert packed["hf"]["info"]["packed_attention"] == "position_ids"  # transformers built the same-document mask
+    assert result["ratios"]["packed_vs_single"] == pytest.approx(
+        packed["scaletrain"]["tokens_per_s"] / result["cases"]["single"]["scaletrain"]["tokens_per_s"], rel=1e-12)
+    assert "| packed | HF + torch (eager) |" in done.stdout
 
 
 def test_variant_ab_compares_two_module_switches():
@@ -66,7 +94,7 @@ def test_aot_compiles_both_batch_kinds_for_this_cpu(tmp_path):
     batches and token-only batches both compile, and the CPU step keeps its guard conditional."""
     out = tmp_path / "aot.json"
     cmd = [sys.executable, os.path.join(ROOT, "bench", "aot.py"), "--tiny", "--cpu", "--dtype", "float32",
-           "--out", str(out)]
+           "--layers", "1", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -74,3 +102,5 @@ def test_aot_compiles_both_batch_kinds_for_this_cpu(tmp_path):
     for r in result["runs"]:
         assert r["memory"]["temp_size_in_bytes"] > 0 and r["peak_bytes"] > r["memory"]["temp_size_in_bytes"]
         assert r["num_params"] > 0 and r["conditionals"] >= 1 and r["cudnn_attention"] == {}
+        assert r["host_peak_rss_gb"] >= r["host_rss_before_compile_gb"] > 0  # the compiling process's VmHWM
+    assert result["config"]["num_hidden_layers"] == 1  # --layers overrides the model's depth

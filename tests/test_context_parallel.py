@@ -17,8 +17,8 @@ from flax import nnx
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.attention import build_attention_mask, dot_product_attention
-from scaletrain.models.flash_attention import segment_flash_attention
-from scaletrain.models.flash_sharding import sequence_block
+from scaletrain.models.flash_attention import attention_with_visits, segment_flash_attention
+from scaletrain.models.flash_sharding import sequence_block, sharded_flash_attention, zigzag_chunk, zigzag_order
 
 HQ, HKV, D = 4, 2, 16
 
@@ -63,6 +63,63 @@ def test_slices_at_their_offsets_equal_the_whole_row() -> None:
         np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-5, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("t, zigzag", [(128, True), (192, False)])
+def test_sharded_over_sp_equals_the_whole_row(t: int, zigzag: bool) -> None:
+    """The kernel over sp 4 in shard_map: 128 tokens go zigzag (8 chunks of 16: rows permuted in and out
+    as the model does), 192 stay contiguous (chunks of 24 are not whole tiles; slices of 48, tiles of 16)."""
+    assert (zigzag_chunk(t, 4) is not None) == zigzag
+    rng = np.random.default_rng(1)
+    seg = jnp.asarray(np.stack([segments(t, t), segments(t, 40, 50, 30)]))
+    q, do = (jnp.asarray(rng.standard_normal((2, t, HQ, D), np.float32)) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((2, t, HKV, D), np.float32)) for _ in range(2))
+    order = zigzag_order(t, 4) if zigzag else np.arange(t)
+    restore = np.argsort(order)
+    mesh = jax.make_mesh((4,), ("sp",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    @jax.jit
+    def both(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array, seg: jax.Array) -> tuple:
+        def split(q_, k_, v_):
+            perm = lambda x: x[:, order]  # noqa: E731
+            out = sharded_flash_attention(perm(q_), perm(k_), perm(v_), perm(seg), scale=None, batch_axis=None,
+                                          sequence_axis="sp", head_axis=None, kv_head_axis=None, zigzag=zigzag)
+            return out[:, restore]
+
+        out, vjp = jax.vjp(split, q, k, v)
+        mask = build_attention_mask(seg, jnp.zeros_like(seg), None)
+        ref, ref_vjp = jax.vjp(lambda *a: dot_product_attention(*a, mask, jnp.float32, None), q, k, v)
+        return (out, *vjp(do)), (ref, *ref_vjp(do))
+
+    with jax.set_mesh(mesh):
+        got, want = both(q, k, v, do, seg)
+    for name, a, w in zip(("output", "dq", "dk", "dv"), got, want):
+        # float32, summation order only (as above; dk/dv also summed over the 4 devices by the reduce-scatter)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-5, atol=2e-5, err_msg=name)
+
+
+def test_zigzag_balances_the_tiles_each_device_visits() -> None:
+    """One 512-token document over sp 4 (tiles of 16): the forward kernel's own tile counts per device.
+    Contiguous slices visit 1 : 3 : 5 : 7 (the last device sets the pace); zigzag gives each the same."""
+    t, n, block = 512, 4, 16
+    q = jnp.zeros((1, t, 1, D), jnp.float32)
+    seg = jnp.ones((1, t), jnp.int32)
+
+    @jax.jit  # one compile per slice length: the slice's rows and offset are traced
+    def count(rows: jax.Array, offset: jax.Array) -> jax.Array:
+        kw = dict(kv_segment_ids=seg, q_offset=offset, block_q=block, block_k=block, interpret=True)
+        return attention_with_visits(q[:, rows], q, q, seg[:, rows], **kw)[1].sum()
+
+    def visits(rows: np.ndarray, offset: int) -> int:
+        return int(count(jnp.asarray(rows), jnp.int32(offset)))
+
+    local, c = t // n, t // (2 * n)
+    contiguous = [visits(np.arange(r * local, (r + 1) * local), r * local) for r in range(n)]
+    zigzag = [visits(np.arange(r * c, (r + 1) * c), r * c) + visits(np.arange((2 * n - 1 - r) * c, (2 * n - r) * c),
+                                                                   (2 * n - 1 - r) * c) for r in range(n)]
+    per_tile_row = (local // block) * (local // block + 1) // 2  # one slice's own causal triangle of tiles
+    assert contiguous == [per_tile_row + r * (local // block) ** 2 for r in range(n)]  # 36, 100, 164, 228
+    assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)  # the same work, evenly spread
+
+
 def test_sequence_block_is_a_whole_tile_of_the_slice() -> None:
     assert sequence_block(4096) == 64 and sequence_block(96) == 32 and sequence_block(48) == 16
     with pytest.raises(ConfigError, match="attn_mechanism.*multiple of 16"):
@@ -81,8 +138,8 @@ def _llama(mechanism: str, policy: str = "none", **kw: object):
 
 
 def test_model_over_sp_equals_the_einsum_path() -> None:
-    """A Llama on fsdp 2 x tp 2 x sp 2: ``pallas`` (context parallel) gives the einsum path's loss and
-    gradients, for packed rows and for rows that are one sequence each (no segment ids)."""
+    """A Llama on fsdp 2 x tp 2 x sp 2 over packed rows: ``pallas`` (context parallel, 64 tokens laid out
+    zigzag in chunks of 16) gives the einsum path's loss and gradients."""
     ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, 64)), jnp.int32)
     seg = jnp.asarray(np.stack([segments(64, 64), segments(64, 20, 30), segments(64, 40), segments(64, 31, 2, 31)]))
     pos = jnp.asarray(np.stack([np.concatenate([np.arange(n) for n in np.bincount(r)[1:] if n] +
@@ -91,18 +148,16 @@ def test_model_over_sp_equals_the_einsum_path() -> None:
     def loss_and_grads(mechanism: str) -> list[tuple[float, dict]]:
         model, mesh = _llama(mechanism, sharding_axis_dims=(1, 2, 1, 2, 2))
         results = []
-        for kwargs in (dict(positions=pos, segment_ids=seg), {}):
-            def loss(m, kwargs=kwargs) -> jax.Array:
-                return jnp.mean(m(ids, **kwargs).astype(jnp.float32) ** 2)
+        def loss(m) -> jax.Array:
+            return jnp.mean(m(ids, positions=pos, segment_ids=seg).astype(jnp.float32) ** 2)
 
-            with jax.set_mesh(mesh):
-                value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
-                traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
-            assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
-            results.append((float(value), nnx.to_pure_dict(grads)))
-        return results
+        with jax.set_mesh(mesh):
+            value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+            traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
+        assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
+        return float(value), nnx.to_pure_dict(grads)
 
-    for (want, want_g), (got, got_g) in zip(loss_and_grads("xla"), loss_and_grads("pallas")):
+    for (want, want_g), (got, got_g) in [(loss_and_grads("xla"), loss_and_grads("pallas"))]:
         # float32; the kernel's online softmax and the sum of key gradients over the sp devices only
         # reorder the arithmetic (as in test_flash_attention's model test)
         np.testing.assert_allclose(got, want, rtol=1e-5)
@@ -112,21 +167,20 @@ def test_model_over_sp_equals_the_einsum_path() -> None:
 
 
 def test_remat_policies_that_keep_attention_run_its_forward_once() -> None:
-    """One layer over packed rows, the compiled gradient: the policies that save the kernel's output and
+    """One layer, the compiled gradient: the policies that save the kernel's output and
     log-sum-exp run the forward kernel as often as no remat does; ``full`` runs it again in the backward.
 
     Counted in the compiled program, not the jaxpr: a ``pallas_call`` is never dropped from a jaxpr
     (Pallas' DCE rule keeps it), but XLA drops one whose results go unused, on CPU (where interpret
     mode makes each kernel call loops tagged with the kernel's name) as on GPU (a Triton custom call
     without side effects)."""
-    ids = jnp.ones((2, 32), jnp.int32)
-    seg = jnp.asarray(np.stack([segments(32, 32), segments(32, 10, 22)]))
+    ids = jnp.ones((2, 32), jnp.int32)  # rows that are one sequence each: the kernel gets one segment per row
 
     def forward_loops(policy: str) -> int:
         model, mesh = _llama("pallas", policy)
 
         def loss(state: nnx.State) -> jax.Array:
-            return nnx.merge(nnx.graphdef(model), state)(ids, segment_ids=seg).astype(jnp.float32).sum()
+            return nnx.merge(nnx.graphdef(model), state)(ids).astype(jnp.float32).sum()
 
         with jax.set_mesh(mesh):
             hlo = jax.jit(jax.grad(loss)).lower(nnx.state(model)).compile().as_text()

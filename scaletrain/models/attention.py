@@ -11,6 +11,8 @@ kernel (:func:`fused_attention`), chosen per layer by :func:`use_fused_attention
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -86,12 +88,17 @@ def build_attention_mask(
     return mask[:, None]
 
 
-class PackedSegments(NamedTuple):
-    """A row's segment ids [B, T] (0 = padding), given to attention in place of the [B, 1, T, S]
-    mask when ``attn_mechanism="pallas"``: the segment-aware flash kernel
-    (:mod:`scaletrain.models.flash_attention`) reads them and never builds the mask."""
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["ids"], meta_fields=["zigzag"])
+@dataclasses.dataclass(frozen=True)
+class PackedSegments:
+    """A row's segment ids [B, T] (0 = padding; all ones for rows that are one sequence), given to
+    attention in place of the [B, 1, T, S] mask when it runs the segment-aware flash kernel
+    (:mod:`scaletrain.models.flash_attention`), which reads them and never builds the mask.
+    ``zigzag``: the rows are in :func:`scaletrain.models.flash_sharding.zigzag_order` (a static
+    fact of the trace, not an array)."""
 
     ids: Array
+    zigzag: bool = False
 
 
 class ForwardInputs(NamedTuple):
@@ -111,21 +118,21 @@ def prepare_inputs(input_ids: Array, positions: Array | None, segment_ids: Array
     ``segment_ids`` default to ``attention_mask`` (else one segment per row) and ``positions``
     count each row's real tokens. A model whose layers differ in window or RoPE (Gemma 3's
     local and global layers) calls this once per kind with the same inputs, so every family
-    reads the inputs one way. With no segment ids, attention mask or window, every row is one
-    unpadded sequence: ``mask`` is None, plain causal attention with no [B, 1, T, S] mask to
-    build, read, or (on cuDNN, where a mask becomes a bias) differentiate. With
-    ``mechanism="pallas"`` (no window: the config refuses one) ``mask`` is the
-    :class:`PackedSegments` instead of the dense mask.
+    reads the inputs one way. With ``mechanism="pallas"`` (no window: the config refuses one)
+    ``mask`` is the :class:`PackedSegments`, for any rows. Otherwise, with no segment ids,
+    attention mask or window, every row is one unpadded sequence: ``mask`` is None, plain
+    causal attention with no [B, 1, T, S] mask to build, read, or (on cuDNN, where a mask
+    becomes a bias) differentiate.
     """
     causal_only = segment_ids is None and attention_mask is None and window is None
     if segment_ids is None:
         segment_ids = attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
     if positions is None:
         positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
-    if causal_only:
-        mask = None
-    elif mechanism == "pallas" and window is None:
+    if mechanism == "pallas" and window is None:
         mask = PackedSegments(segment_ids)
+    elif causal_only:
+        mask = None
     else:
         mask = build_attention_mask(segment_ids, positions, window)
     return ForwardInputs(positions, segment_ids, mask, rope_tables(positions, inv_freq))

@@ -11,10 +11,15 @@ and values are the only new memory (``2 T Hkv D`` per row, a quarter of the
 queries' size under Llama's 4:1 GQA), and autodiff turns the gather into a
 reduce-scatter of their gradients.
 
-Work is not balanced across ``sp``: with causal attention the device holding the
-row's end sees the most keys (device ``r`` of ``n`` does ``(2r + 1) / n`` of the
-average), where a zigzag layout (each device two chunks from opposite ends) would
-even it out at the cost of permuting the whole model's tokens.
+Causal attention over contiguous slices is unbalanced: device ``r`` of ``n`` would
+attend to ``r + 1`` slices of keys, so the last one sets the pace at ``(2n - 1) / n``
+of the average. The model therefore lays a split row out **zigzag**
+(:func:`zigzag_order`): the row is cut into ``2n`` chunks and device ``r`` holds
+chunks ``r`` and ``2n - 1 - r``, so every device attends to ``2n + 1`` chunks of keys.
+The permutation is applied once to the forward's integer inputs and RoPE tables and
+undone once on the final hidden states (:func:`zigzag_inputs`); every other layer is
+per token and does not care. Rows whose chunks would not be whole 16-token tiles stay
+contiguous.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
 from scaletrain.errors import ConfigError
+from scaletrain.models.attention import ForwardInputs, PackedSegments
+from scaletrain.models.config import LlamaConfig, effective_sliding_window
 from scaletrain.models.flash_attention import segment_flash_attention
-from scaletrain.parallel.partition import active_platform, active_sharding_axes
+from scaletrain.parallel.partition import active_axis_size, active_platform, active_sharding_axes
 
 Array = jax.Array
 
@@ -53,13 +62,72 @@ def sequence_block(local_len: int, block: int = BLOCK) -> int:
                       f"16 x the sp axis size")
 
 
+def split_devices(sequence_axis: Any, t: int) -> int:
+    """How many devices of the active mesh split a row of ``t`` tokens (the sp axes that divide it)."""
+    axes = active_sharding_axes(sequence_axis, t)
+    return active_axis_size(axes) if axes else 1
+
+
+def zigzag_chunk(t: int, devices: int) -> int | None:
+    """The chunk length of the zigzag layout of a ``t``-token row over ``devices``, or None where it does
+    not apply (one device, or chunks that are not whole 16-token tiles)."""
+    if devices <= 1 or t % (2 * devices) or (t // (2 * devices)) % 16:
+        return None
+    return t // (2 * devices)
+
+
+def zigzag_order(t: int, devices: int) -> np.ndarray:
+    """Row index of each position of the zigzag layout: device ``r``'s slice is chunks ``r``, ``2n - 1 - r``."""
+    c, n = t // (2 * devices), devices
+    chunks = [j for r in range(n) for j in (r, 2 * n - 1 - r)]
+    return np.concatenate([np.arange(j * c, (j + 1) * c) for j in chunks])
+
+
+def training_mechanism(config: LlamaConfig, t: int) -> str:
+    """The attention a training forward over rows of ``t`` tokens runs: ``config.attn_mechanism``, except
+    that ``auto`` becomes ``pallas`` on a GPU mesh that splits the row over sp.
+
+    There cuDNN's partitioner refuses the split sequence and the einsum path builds every
+    head's ``[T / sp, T]`` scores (compiled for 8 H100s at 32k tokens: 247 GB of
+    temporaries per device, against 9.6 GB with the kernel; ``bench/aot.py``). Not with a
+    sliding window (the kernel has none) or heads that do not divide over tp.
+    """
+    mechanism, pa = config.attn_mechanism, config.partition_axis
+    if (mechanism not in ("auto", "sdpa") or effective_sliding_window(config) is not None
+            or active_platform() != "gpu" or split_devices(pa.sequence_axis, t) <= 1):
+        return mechanism
+    if config.num_attention_heads % active_axis_size(pa.head_axis) or (
+            config.num_key_value_heads % active_axis_size(pa.kv_head_axis)):
+        return mechanism
+    return "pallas"
+
+
+def zigzag_inputs(sequence_axis: Any, input_ids: jax.Array,
+                  inputs: ForwardInputs) -> tuple[jax.Array, ForwardInputs, np.ndarray | None]:
+    """The forward's inputs in the zigzag layout when the flash kernel (``inputs.mask`` the
+    :class:`PackedSegments`) attends over a row split over sp, and the inverse permutation to apply to
+    the final hidden states (None: nothing was permuted)."""
+    t = input_ids.shape[1]
+    devices = split_devices(sequence_axis, t)
+    if not isinstance(inputs.mask, PackedSegments) or zigzag_chunk(t, devices) is None:
+        return input_ids, inputs, None
+    order = zigzag_order(t, devices)
+    take = lambda x: jnp.take(x, order, axis=1)  # noqa: E731
+    permuted = ForwardInputs(take(inputs.positions), take(inputs.segment_ids),
+                             PackedSegments(take(inputs.mask.ids), zigzag=True),
+                             (take(inputs.rope[0]), take(inputs.rope[1])))
+    return take(input_ids), permuted, np.argsort(order)
+
+
 def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, scale: float | None,
-                            batch_axis: Any, sequence_axis: Any, head_axis: Any, kv_head_axis: Any) -> Array:
+                            batch_axis: Any, sequence_axis: Any, head_axis: Any, kv_head_axis: Any,
+                            zigzag: bool = False) -> Array:
     """:func:`segment_flash_attention` as a model layer calls it: on each device's shard of the active mesh.
 
     ``q`` [B, T, Hq, D], ``k``/``v`` [B, T, Hkv, D], ``segment_ids`` [B, T] (all ones
     for rows that are one sequence). Heads must divide over the head axes (the
-    caller checks). Off a GPU the kernels run in Pallas' interpreter (slow: for tests
+    caller checks). ``zigzag``: the rows are in :func:`zigzag_order` for the sp devices
+    (:func:`zigzag_inputs` put them there); otherwise in row order. Off a GPU the kernels run in Pallas' interpreter (slow: for tests
     and CPU meshes only).
     """
     interpret = active_platform() != "gpu"
@@ -75,19 +143,43 @@ def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *,
     if seq is None:
         local = run
     else:
-        local = functools.partial(_context_parallel, run=run, axis=seq)
+        devices = split_devices(sequence_axis, t)
+        if zigzag and zigzag_chunk(t, devices) is None:
+            raise ValueError(f"a zigzag layout of {t} tokens over {devices} devices has no whole 16-token chunks")
+        local = functools.partial(_context_parallel, run=run, axis=seq, devices=devices, zigzag=zigzag)
     return jax.shard_map(local, in_specs=(qs, kvs, kvs, PartitionSpec(rows, seq)), out_specs=qs,
                          check_vma=False)(q, k, v, segment_ids)
 
 
-def _context_parallel(q: Array, k: Array, v: Array, segment_ids: Array, *, run: Any, axis: Any) -> Array:
-    """One device's queries against the whole row's keys, gathered over the sequence axis ``axis``."""
+def _context_parallel(q: Array, k: Array, v: Array, segment_ids: Array, *, run: Any, axis: Any, devices: int,
+                      zigzag: bool) -> Array:
+    """One device's queries against the whole row's keys, gathered over the sequence axis ``axis``.
+
+    Contiguous: the slice is one run of the row at ``r * len``. Zigzag: the slice is two
+    chunks (``r`` and ``2n - 1 - r``), each attended at its own offset after the gathered
+    keys are put back in row order.
+    """
     local_len = q.shape[1]
-    block = sequence_block(local_len)
     gather = functools.partial(lax.all_gather, axis_name=axis, axis=1, tiled=True)
-    offset = lax.axis_index(axis) * local_len
-    return run(q, gather(k), gather(v), segment_ids, kv_segment_ids=gather(segment_ids), q_offset=offset,
-               block_q=block, block_k=block)
+    keys, values, kv_seg = gather(k), gather(v), gather(segment_ids)
+    r = lax.axis_index(axis)
+    if not zigzag:
+        block = sequence_block(local_len)
+        return run(q, keys, values, segment_ids, kv_segment_ids=kv_seg, q_offset=r * local_len,
+                   block_q=block, block_k=block)
+    c = local_len // 2
+    # gathered chunk 2d + h is device d's half h; row chunk j is device j's first half (j < n),
+    # else device 2n - 1 - j's second half
+    n = devices
+    gathered_chunk = np.array([2 * j if j < n else 2 * (2 * n - 1 - j) + 1 for j in range(2 * n)])
+    in_row_order = lambda x: jnp.take(x.reshape(x.shape[0], 2 * n, c, *x.shape[2:]), gathered_chunk,  # noqa: E731
+                                      axis=1).reshape(x.shape)
+    keys, values, kv_seg = in_row_order(keys), in_row_order(values), in_row_order(kv_seg)
+    block = sequence_block(c)
+    halves = [run(q[:, h * c:(h + 1) * c], keys, values, segment_ids[:, h * c:(h + 1) * c], kv_segment_ids=kv_seg,
+                  q_offset=(r if h == 0 else 2 * n - 1 - r) * c, block_q=block, block_k=block) for h in (0, 1)]
+    return jnp.concatenate(halves, axis=1)
 
 
-__all__ = ["BLOCK", "sequence_block", "sharded_flash_attention"]
+__all__ = ["BLOCK", "sequence_block", "sharded_flash_attention", "split_devices", "training_mechanism", "zigzag_chunk",
+           "zigzag_inputs", "zigzag_order"]

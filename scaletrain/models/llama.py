@@ -38,7 +38,7 @@ from scaletrain.models.attention import (
 )
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, effective_sliding_window
 from scaletrain.models.cpu_dots import matmul
-from scaletrain.models.flash_sharding import sharded_flash_attention
+from scaletrain.models.flash_sharding import sharded_flash_attention, training_mechanism, zigzag_inputs
 from scaletrain.models.fp8 import fp8_layer, fp8_matmul
 from scaletrain.models.layer_stack import build_layers
 from scaletrain.models.remat import run_layer
@@ -131,13 +131,12 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         q, k, v = self._qkv(x, rope)
         sequence_split = active_axis_size(self.sequence_axis) > 1
-        if self.mechanism == "pallas":  # the config refuses a window, so mask is None or the segment ids
+        if isinstance(mask, PackedSegments):  # the flash kernel (see flash_sharding.training_mechanism)
             if problem := self._head_split_problem():
                 raise ConfigError(f"model.attn_mechanism: 'pallas' {problem}; use 'auto'")
-            ids = mask.ids if isinstance(mask, PackedSegments) else jnp.ones((b, t), jnp.int32)
-            out = sharded_flash_attention(q, k, v, ids, scale=self.scale, batch_axis=self.batch_axis,
+            out = sharded_flash_attention(q, k, v, mask.ids, scale=self.scale, batch_axis=self.batch_axis,
                                           sequence_axis=self.sequence_axis, head_axis=self.head_axes[0],
-                                          kv_head_axis=self.head_axes[1])
+                                          kv_head_axis=self.head_axes[1], zigzag=mask.zigzag)
         elif use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
             out = fused_attention(q, k, v, mask, scale=self.scale)
         else:
@@ -308,11 +307,12 @@ class LlamaForCausalLM(nnx.Module):
         """Final-norm hidden states [B, T, hidden]."""
         cfg = self.config
         inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, effective_sliding_window(cfg),
-                                rope_inv_freq(cfg), cfg.attn_mechanism)
+                                rope_inv_freq(cfg), training_mechanism(cfg, input_ids.shape[1]))
+        input_ids, inputs, restore = zigzag_inputs(cfg.partition_axis.sequence_axis, input_ids, inputs)
         x = self._shard_activations(self._embed(input_ids))
         for layer in self.model.layers:
             x = self._shard_activations(self._run_layer(layer, x, inputs.mask, inputs.rope))
-        return self.model.norm(x)
+        return self.model.norm(x if restore is None else self._shard_activations(jnp.take(x, restore, axis=1)))
 
     # -- pieces every family's forward shares ----------------------------------------
     def _embed(self, input_ids: Array) -> Array:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from typing import Any
 
 import jax
@@ -19,7 +20,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scaletrain.models.lora import split_trainable
-from scaletrain.parallel.host import to_host
+from scaletrain.parallel.host import BLOCK_BYTES, host_blocks
 
 
 @struct.dataclass
@@ -145,16 +146,21 @@ def state_shardings(state: Any) -> Any:
     return jax.tree.map(lambda x: x.sharding, state)
 
 
-def params_sha256(params: Any) -> str:
+def params_sha256(params: Any, block_bytes: int = BLOCK_BYTES) -> str:
     """Digest of parameter values in a fixed key order: equal for bit-identical runs.
 
+    The values stream through the host a block at a time (:func:`host_blocks`, at most
+    ``block_bytes``) and are hashed in place: every run's summary computes it, so it must not
+    hold the parameters on the host (a GPU run's 1B model would keep 4.9 GB there).
     With several processes every one must call it (the gather is a collective).
     """
     digest = hashlib.sha256()
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     for path, leaf in sorted(flat, key=lambda kv: jax.tree_util.keystr(kv[0])):
-        host = to_host(leaf)
+        blocks = host_blocks(leaf, block_bytes)
+        first = next(blocks)  # there is always one, empty for an empty leaf
         digest.update(jax.tree_util.keystr(path).encode())
-        digest.update(str(host.dtype).encode())
-        digest.update(np.ascontiguousarray(host).tobytes())
+        digest.update(str(first.dtype).encode())
+        for block in itertools.chain([first], blocks):
+            digest.update(np.ascontiguousarray(block).reshape(-1).view(np.uint8))  # the bytes, not a copy
     return digest.hexdigest()
