@@ -101,7 +101,8 @@ def run_scaletrain(spec: dict[str, Any]) -> dict[str, Any]:
             output_dir=tmp, total_batch_size=batch, max_length=seq, num_train_epochs=None, max_training_steps=steps,
             learning_rate=3e-4, scheduler="constant", dtype=dtype, param_dtype="float32", do_eval=False,
             log_steps=spec["window"], progress_bar=False, report_to=(), save_at_end=False,
-            shuffle_train_dataset=False, compilation_cache_dir=os.path.join(tmp, "jax-cache"),  # a first run's
+            shuffle_train_dataset=False,  # a first run's cache, unless the driver shares one (--cached)
+            compilation_cache_dir=spec.get("cache_dir") or os.path.join(tmp, "jax-cache"),
         )
         trainer = st.Trainer(args, model=model, dataset_train=data, callbacks=[Clock()])
         trainer.train()
@@ -203,8 +204,10 @@ def table(result: dict[str, Any]) -> str:
                 lines.append(f"| {name} | {label} | failed: {e['error'][:100]} | | | | | |")
                 continue
             mfu = None if e["mfu"] is None else 100 * e["mfu"]
+            first = num(e["first_step_s"], ".1f") + (f" ({num(e['first_step_cached_s'], '.1f')} cached)"
+                                                       if "first_step_cached_s" in e else "")
             lines.append(f"| {name} | {label} | {num(e['tokens_per_s'], ',.0f')} | {num(mfu, '.1f')} % | "
-                         f"{num(e['first_step_s'], '.1f')} | {num(e['host_peak_rss_gb'], '.2f')} | "
+                         f"{first} | {num(e['host_peak_rss_gb'], '.2f')} | "
                          f"{num(e['device_peak_gb'], '.1f')} | {num(e['final_loss'], '.3f')} |")
     return "\n".join(lines)
 
@@ -224,6 +227,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto", help="scaletrain's attn_mechanism: auto (cuDNN on GPU), cudnn, xla, "
                                                   "pallas")
     p.add_argument("--fp8", action="store_true", help="scaletrain's FP8 projection matmuls (model.fp8)")
+    p.add_argument("--cached", action="store_true",
+                   help="run scaletrain a second time per case on the first run's compilation cache: first_step_cached_s")
     p.add_argument("--torch-python", default=sys.executable, help="interpreter for the contender (default: this one)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-<date>.json)")
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in a.case_names:
             batch, seq, packed = shapes[name]
             batch, seq = a.batch or batch, a.seq or seq
-            spec = {"case": name, "arch": arch, "batch": batch, "seq": seq, "packed": packed,
+            spec = {"case": name, "arch": arch, "cache_dir": os.path.join(work, f"{name}-jax-cache"), "batch": batch, "seq": seq, "packed": packed,
                     "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS, "steps": steps, "window": window,
                     "dtype": a.dtype, "remat": a.remat, "attn": a.attn, "fp8": a.fp8,
                     "compile": a.contender == "compile"}
@@ -268,6 +273,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"[gpu] {name} / {system}: " + (f"FAILED {entry['error']}" if entry["error"] else
                       f"{entry['tokens_per_s']:,.0f} tokens/s, first step {entry['first_step_s']:.1f}s, "
                       f"wall {entry['wall_s']:.0f}s"), flush=True)
+                if system == "scaletrain" and a.cached and not entry["error"]:  # the same run, its programs cached
+                    again = run_worker(worker_command(system, spec, os.path.join(run_dir + "-cached", "result.json"),
+                                                      a.torch_python), run_dir + "-cached", a.timeout)
+                    entry["first_step_cached_s"] = again.get("first_step_s")
+                    entry["cached_run_error"] = again["error"]
+                    print(f"[gpu] {name} / scaletrain from the compilation cache: first step "
+                          f"{again.get('first_step_s') or float('nan'):.1f}s", flush=True)
 
     # only now (every run has ended) does this process start a JAX backend of its own
     import jax
@@ -292,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "measured_on": f"{device.platform}: {device.device_kind}",
         "contender": a.contender,
         "peak_flops_per_device": peak,
-        "config": {"steps": steps, "window": window, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
+        "config": {"steps": steps, "window": window, "cached": a.cached, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
                    "attn_mechanism": a.attn, "fp8": a.fp8, "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS},
         "cases": cases,
         "ratios": ratio_values,
