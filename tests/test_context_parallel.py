@@ -191,3 +191,30 @@ def test_remat_policies_that_keep_attention_run_its_forward_once() -> None:
     assert forward_loops("full") == 2 * once
     assert forward_loops("save_attention") == once
     assert forward_loops("dots_and_attention") == once
+
+
+def test_auto_runs_the_kernel_where_a_gpu_mesh_splits_the_sequence() -> None:
+    """``auto`` becomes ``pallas`` on a GPU mesh with sp > 1 (cuDNN refuses the split, the einsum path
+    would build [T / sp, T] scores), and stays itself wherever the kernel cannot or need not run."""
+    from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+
+    from scaletrain.models.config import LlamaConfig, MistralConfig
+    from scaletrain.models.flash_sharding import training_mechanism
+
+    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+              num_key_value_heads=2)
+
+    def on(dims: tuple[int, ...], config: LlamaConfig, t: int = 128, platform: str = "gpu") -> str:
+        mesh = AbstractMesh(dims, ("dp", "fsdp", "ep", "tp", "sp"), axis_types=(AxisType.Auto,) * 5,
+                            abstract_device=AbstractDevice("H100", None, platform))
+        with jax.sharding.use_abstract_mesh(mesh):
+            return training_mechanism(config, t)
+
+    sp4, llama = (1, 2, 1, 1, 4), LlamaConfig(**kw)
+    assert on(sp4, llama) == "pallas"
+    assert on(sp4, llama, platform="cpu") == "auto"  # the einsum path, as the CPU tests compare against
+    assert on((1, 8, 1, 1, 1), llama) == "auto"  # whole sequences: cuDNN
+    assert on(sp4, llama, t=100) == "auto"  # slices of 25 tokens are not whole tiles: never an error for auto
+    assert on((1, 1, 1, 4, 2), llama) == "auto"  # 2 kv heads do not split over tp 4
+    assert on(sp4, LlamaConfig(**kw, attn_mechanism="xla")) == "xla"
+    assert on(sp4, MistralConfig(**kw, sliding_window=16)) == "auto"  # the kernel has no window

@@ -89,12 +89,14 @@ def training_mechanism(config: LlamaConfig, t: int) -> str:
 
     There cuDNN's partitioner refuses the split sequence and the einsum path builds every
     head's ``[T / sp, T]`` scores (compiled for 8 H100s at 32k tokens: 247 GB of
-    temporaries per device, against 9.6 GB with the kernel; ``bench/aot.py``). Not with a
-    sliding window (the kernel has none) or heads that do not divide over tp.
+    temporaries per device, against 10.4 GB with the kernel; ``bench/aot.py``). Not with a
+    sliding window (the kernel has none), heads that do not divide over tp, or slices that
+    are not whole 16-token tiles (:func:`sequence_block`): ``auto`` never raises for them.
     """
     mechanism, pa = config.attn_mechanism, config.partition_axis
+    devices = split_devices(pa.sequence_axis, t)
     if (mechanism not in ("auto", "sdpa") or effective_sliding_window(config) is not None
-            or active_platform() != "gpu" or split_devices(pa.sequence_axis, t) <= 1):
+            or active_platform() != "gpu" or devices <= 1 or (t // devices) % 16):
         return mechanism
     if config.num_attention_heads % active_axis_size(pa.head_axis) or (
             config.num_key_value_heads % active_axis_size(pa.kv_head_axis)):
@@ -127,8 +129,8 @@ def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *,
     ``q`` [B, T, Hq, D], ``k``/``v`` [B, T, Hkv, D], ``segment_ids`` [B, T] (all ones
     for rows that are one sequence). Heads must divide over the head axes (the
     caller checks). ``zigzag``: the rows are in :func:`zigzag_order` for the sp devices
-    (:func:`zigzag_inputs` put them there); otherwise in row order. Off a GPU the kernels run in Pallas' interpreter (slow: for tests
-    and CPU meshes only).
+    (:func:`zigzag_inputs` put them there); otherwise in row order. Off a GPU the kernels
+    run in Pallas' interpreter (slow: for tests and CPU meshes only).
     """
     interpret = active_platform() != "gpu"
     run = functools.partial(segment_flash_attention, scale=scale, interpret=interpret)
