@@ -4,9 +4,11 @@
 
 Each argument is a Python statement run just before that variant's step is built and
 compiled (:func:`stepfn.scaletrain_step`, the exact step the Trainer compiles), with
-``llama`` and ``attention`` (``scaletrain.models``), ``loss`` and ``steps`` (``scaletrain.training``)
-in scope; a statement that binds ``opts`` to a dict passes it to XLA as that variant's
-compiler options (``"opts = {'xla_cpu_enable_fast_math': True}"``), one that sets
+``llama``, ``attention``, ``flash_attention`` and ``flash_sharding`` (``scaletrain.models``; e.g.
+``"flash_sharding.BLOCK_Q = 128"``, ``"flash_attention.NUM_STAGES = 3"``), ``loss`` and ``steps``
+(``scaletrain.training``) in scope; a statement that binds ``opts`` to a dict passes it to XLA as that variant's
+compiler options (``"opts = {'xla_cpu_enable_fast_math': True}"``), one that binds ``model``
+to a dict overrides the model config's fields (``"model = {'attn_mechanism': 'pallas'}"``), one that sets
 ``tokens_only = True`` feeds that variant batches of ``input_ids`` alone. Module constants read at trace time are how a model-level change is
 switched off and on without two checkouts. Both compiled steps then alternate in
 bursts, so both see the same machine: on this VM the same step's speed drifts by
@@ -30,13 +32,16 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     import jax
 
     import scaletrain.models.attention as attention
+    import scaletrain.models.flash_attention as flash_attention
+    import scaletrain.models.flash_sharding as flash_sharding
     import scaletrain.models.llama as llama
     import scaletrain.training.loss as loss
     import scaletrain.training.steps as steps
     from common import BenchConfig
     from stepfn import scaletrain_step
 
-    scope: dict[str, Any] = {"llama": llama, "attention": attention, "loss": loss, "steps": steps}
+    scope: dict[str, Any] = {"llama": llama, "attention": attention, "flash_attention": flash_attention,
+                             "flash_sharding": flash_sharding, "loss": loss, "steps": steps}
     exec(statement, scope)  # noqa: S102 - the benchmark's own input
     if tiny:
         from run import TINY
@@ -44,7 +49,8 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
         config = BenchConfig(**TINY)
     else:
         config = BenchConfig(seq_len=seq, batch_size=batch)
-    step = scaletrain_step(config.hf_config(), config.batch_size, config.seq_len, dtype=dtype,
+    model = {**config.hf_config(), **scope.get("model", {})}
+    step = scaletrain_step(model, config.batch_size, config.seq_len, dtype=dtype,
                            compiler_options=scope.get("opts"), tokens_only=bool(scope.get("tokens_only")))
     for _ in range(2):
         jax.block_until_ready(step.run())

@@ -226,8 +226,15 @@ class _Config(NamedTuple):
     interpret: bool
 
 
+#: Triton launch parameters, read at trace time (``bench/variant_ab.py`` can switch them on a GPU):
+#: warps per program (None: 4 up to head dim 64, else 8) and software-pipelining stages. Untuned.
+NUM_WARPS: int | None = None
+NUM_STAGES = 2
+
+
 def _compiler_params(head_dim: int) -> Any:
-    return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+    warps = NUM_WARPS or (4 if head_dim <= 64 else 8)
+    return plgpu.CompilerParams(num_warps=warps, num_stages=NUM_STAGES)
 
 
 def _bound_specs(n: int) -> list[pl.BlockSpec]:

@@ -41,18 +41,20 @@ from scaletrain.parallel.partition import active_axis_size, active_platform, act
 
 Array = jax.Array
 
-#: tile edge of the kernels (a power of two); a sequence slice shorter than this, or not a whole
-#: number of the largest power of two below it, gets the largest power of two >= 16 dividing it
-BLOCK = 64
+#: query and key tile edges of the kernels (powers of two), read at trace time so that
+#: ``bench/variant_ab.py "flash_sharding.BLOCK_Q = 128" ...`` can compare them on a GPU (untuned);
+#: a sequence slice split over sp that is not whole tiles gets the largest power of two >= 16 dividing it
+BLOCK_Q = 64
+BLOCK_K = 64
 
 
-def sequence_block(local_len: int, block: int = BLOCK) -> int:
+def sequence_block(local_len: int, block: int | None = None) -> int:
     """The largest power of two in ``[16, block]`` dividing a device's sequence slice, for context parallelism.
 
     The kernel cannot pad a slice of a longer row (a padded query would sit on a
     real key's diagonal), so the slice must be whole tiles; ConfigError otherwise.
     """
-    size = block
+    size = block or min(BLOCK_Q, BLOCK_K)
     while size >= 16:
         if local_len % size == 0:
             return size
@@ -134,8 +136,9 @@ def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *,
     """
     interpret = active_platform() != "gpu"
     run = functools.partial(segment_flash_attention, scale=scale, interpret=interpret)
+    whole_rows = functools.partial(run, block_q=BLOCK_Q, block_k=BLOCK_K)
     if jax.sharding.get_abstract_mesh().empty:
-        return run(q, k, v, segment_ids)
+        return whole_rows(q, k, v, segment_ids)
     b, t, nq, _ = q.shape
     rows = active_sharding_axes(batch_axis, b) or None
     seq = active_sharding_axes(sequence_axis, t) or None
@@ -143,7 +146,7 @@ def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *,
     kv_heads = active_sharding_axes(kv_head_axis, k.shape[2]) or None
     qs, kvs = PartitionSpec(rows, seq, q_heads, None), PartitionSpec(rows, seq, kv_heads, None)
     if seq is None:
-        local = run
+        local = whole_rows
     else:
         devices = split_devices(sequence_axis, t)
         if zigzag and zigzag_chunk(t, devices) is None:
@@ -183,5 +186,5 @@ def _context_parallel(q: Array, k: Array, v: Array, segment_ids: Array, *, run: 
     return jnp.concatenate(halves, axis=1)
 
 
-__all__ = ["BLOCK", "sequence_block", "sharded_flash_attention", "split_devices", "training_mechanism", "zigzag_chunk",
+__all__ = ["BLOCK_K", "BLOCK_Q", "sequence_block", "sharded_flash_attention", "split_devices", "training_mechanism", "zigzag_chunk",
            "zigzag_inputs", "zigzag_order"]
