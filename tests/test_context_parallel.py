@@ -217,4 +217,4 @@ def test_auto_runs_the_kernel_where_a_gpu_mesh_splits_the_sequence() -> None:
     assert on(sp4, llama, t=100) == "auto"  # slices of 25 tokens are not whole tiles: never an error for auto
     assert on((1, 1, 1, 4, 2), llama) == "auto"  # 2 kv heads do not split over tp 4
     assert on(sp4, LlamaConfig(**kw, attn_mechanism="xla")) == "xla"
-    assert on(sp4, MistralConfig(**kw, sliding_window=16)) == "auto"  # the kernel has no window
+    assert on(sp4, MistralConfig(**kw, sliding_window=16)) == "pallas"  # the kernel takes the window

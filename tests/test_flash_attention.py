@@ -183,9 +183,69 @@ def test_model_with_pallas_attention_equals_the_einsum_path_on_a_mesh() -> None:
                                    err_msg=jax.tree_util.keystr(path))
 
 
-def test_pallas_attention_refuses_a_sliding_window() -> None:
-    from scaletrain.models.config import MistralConfig
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_sliding_window_models_with_pallas_equal_the_einsum_path(family: str) -> None:
+    """A sliding window through the kernel (row distance, tiles out of reach skipped): Mistral's one
+    window and Gemma 3's local/global layers over packed rows give the einsum path's loss and gradients."""
+    from flax import nnx
 
-    with pytest.raises(ValueError, match="attn_mechanism 'pallas'.*sliding_window=16"):
-        MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, sliding_window=16, attn_mechanism="pallas")
+    from scaletrain.models.config import MistralConfig
+    from scaletrain.models.factory import create_sharded_model
+    from scaletrain.models.gemma3 import Gemma3ForCausalLM
+    from scaletrain.models.gemma3_config import Gemma3TextConfig
+    from scaletrain.models.llama import MistralForCausalLM
+
+    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64, sliding_window=20)
+    module, config_class, extra = {
+        "mistral": (MistralForCausalLM, MistralConfig, dict(num_hidden_layers=1)),
+        "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig,
+                   dict(num_hidden_layers=2, head_dim=8, layer_types=["sliding_attention", "full_attention"])),
+    }[family]
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 64)), jnp.int32)
+    seg = jnp.asarray(np.stack([row(64, 64), row(64, 40, 20)]))
+    pos = jnp.asarray(np.stack([np.arange(64), np.concatenate([np.arange(40), np.arange(20), np.zeros(4, int)])]))
+
+    def loss_and_grads(mechanism: str) -> tuple[float, dict]:
+        model, mesh = create_sharded_model(module, config_class(**kw, **extra, attn_mechanism=mechanism), seed=0)
+
+        def loss(m: nnx.Module) -> jax.Array:
+            return jnp.mean(m(ids, positions=pos, segment_ids=seg).astype(jnp.float32) ** 2)
+
+        with jax.set_mesh(mesh):
+            value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+        return float(value), nnx.to_pure_dict(grads)
+
+    (want, want_g), (got, got_g) = loss_and_grads("xla"), loss_and_grads("pallas")
+    # float32; the online softmax reorders sums only (as the model test above)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6 * float(np.abs(b).max()),
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def test_sliding_window_is_exact_and_skips_tiles_out_of_reach() -> None:
+    """Window 20, tiles of 16: values and gradients equal the einsum path with the window mask, and each
+    query tile of a long document reads at most 3 key tiles (its own and the two the window reaches)."""
+    t, block, window = 128, 16, 20
+    q, k, v, do = inputs(t, 16, jnp.float32)
+    seg = jnp.asarray(rows(t))
+    positions = jnp.asarray(np.stack([np.concatenate([np.arange(n) for n in np.bincount(r)[1:] if n]
+                                                     + [np.zeros((r == 0).sum(), int)]) if r.any() else np.zeros(t, int)
+                                      for r in np.asarray(rows(t))]))
+
+    @jax.jit
+    def run(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> tuple:
+        kw = dict(block_q=block, block_k=block, interpret=True, window=window)
+        out, vjp = jax.vjp(lambda *a: segment_flash_attention(*a, seg, **kw), q, k, v)
+        mask = build_attention_mask(seg, positions, window)
+        ref, ref_vjp = jax.vjp(lambda *a: dot_product_attention(*a, mask, jnp.float32, None), q, k, v)
+        return (out, *vjp(do)), (ref, *ref_vjp(do)), attention_with_visits(q, k, v, seg, **kw)[1]
+
+    got, want, visits = run(q, k, v, do)
+    for i, case in enumerate(CASES[:4]):  # interleaved segments break "row distance = position distance"
+        for name, a, w in zip(NAMES, got, want):
+            # float32, summation order only (as test_float32_matches_einsum_path)
+            np.testing.assert_allclose(np.asarray(a)[i], np.asarray(w)[i], rtol=1e-5, atol=2e-5,
+                                       err_msg=f"{name}, {case}")
+    assert np.asarray(visits)[0, 0].tolist() == [1, 2, 3, 3, 3, 3, 3, 3]  # one document: a band, not a triangle

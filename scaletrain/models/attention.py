@@ -88,16 +88,17 @@ def build_attention_mask(
     return mask[:, None]
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["ids"], meta_fields=["zigzag"])
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["ids"], meta_fields=["window", "zigzag"])
 @dataclasses.dataclass(frozen=True)
 class PackedSegments:
     """A row's segment ids [B, T] (0 = padding; all ones for rows that are one sequence), given to
     attention in place of the [B, 1, T, S] mask when it runs the segment-aware flash kernel
     (:mod:`scaletrain.models.flash_attention`), which reads them and never builds the mask.
-    ``zigzag``: the rows are in :func:`scaletrain.models.flash_sharding.zigzag_order` (a static
-    fact of the trace, not an array)."""
+    ``window``: the layer kind's sliding window (None: none). ``zigzag``: the rows are in
+    :func:`scaletrain.models.flash_sharding.zigzag_order`. Both are static facts of the trace."""
 
     ids: Array
+    window: int | None = None
     zigzag: bool = False
 
 
@@ -118,8 +119,8 @@ def prepare_inputs(input_ids: Array, positions: Array | None, segment_ids: Array
     ``segment_ids`` default to ``attention_mask`` (else one segment per row) and ``positions``
     count each row's real tokens. A model whose layers differ in window or RoPE (Gemma 3's
     local and global layers) calls this once per kind with the same inputs, so every family
-    reads the inputs one way. With ``mechanism="pallas"`` (no window: the config refuses one)
-    ``mask`` is the :class:`PackedSegments`, for any rows. Otherwise, with no segment ids,
+    reads the inputs one way. With ``mechanism="pallas"`` ``mask`` is the
+    :class:`PackedSegments` (with the window), for any rows. Otherwise, with no segment ids,
     attention mask or window, every row is one unpadded sequence: ``mask`` is None, plain
     causal attention with no [B, 1, T, S] mask to build, read, or (on cuDNN, where a mask
     becomes a bias) differentiate.
@@ -129,8 +130,8 @@ def prepare_inputs(input_ids: Array, positions: Array | None, segment_ids: Array
         segment_ids = attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
     if positions is None:
         positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
-    if mechanism == "pallas" and window is None:
-        mask = PackedSegments(segment_ids)
+    if mechanism == "pallas":
+        mask = PackedSegments(segment_ids, window=window)
     elif causal_only:
         mask = None
     else:

@@ -120,9 +120,6 @@ class LlamaConfig(ConfigModel):
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("linear", "llama3", "default"):
                 raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
-        if self.attn_mechanism == "pallas" and effective_sliding_window(self) is not None:
-            raise ValueError(f"attn_mechanism 'pallas' (segment-aware flash attention) has no sliding window and "
-                             f"this model attends within sliding_window={self.sliding_window}; use 'auto'")
         return self
 
     @field_validator("gradient_checkpointing", mode="before")

@@ -9,10 +9,11 @@ This kernel reads the ``[B, T]`` segment ids instead, masks inside each
 tiles above the diagonal (the loop's upper bound) and tiles whose query and key
 blocks share no document (the loop's lower bound).
 
-Semantics are exactly :func:`scaletrain.models.attention.build_attention_mask`
-without a window: query ``i`` sees key ``j`` iff ``j <= i`` (``causal``), both are in
-the same segment and that segment is not 0 (padding), and every query sees itself —
-so a padding query's output is its own value row and an all-padding row has no NaN.
+Semantics are exactly :func:`scaletrain.models.attention.build_attention_mask`:
+query ``i`` sees key ``j`` iff ``j <= i`` (``causal``), both are in the same segment
+and that segment is not 0 (padding), ``i - j < window`` when there is a sliding
+window, and every query sees itself — so a padding query's output is its own value
+row and an all-padding row has no NaN.
 
 **Caller contract.** ``segment_ids`` are the packed rows' (1..k per row, 0 for
 padding). Causality is on the row index, not on ``positions``: that equals causality
@@ -20,7 +21,8 @@ within each document because a document's tokens are contiguous in its row with
 positions counting up (what :func:`scaletrain.data.packing.pack_pieces` makes). The
 result is exact for any segment layout; the skipping is tight when segments are
 contiguous and non-decreasing with padding at the end (packing's layout), and only
-wastes work otherwise. Sliding windows are not handled here.
+wastes work otherwise. A sliding window is on row distance too, which is position
+distance inside such a document, and its tiles wholly out of reach are skipped as well.
 
 Structure (FlashAttention-2): the forward grid is ``(batch, q head, query block)``;
 each program keeps its query tile, loops over the key blocks of its
@@ -78,12 +80,14 @@ class BlockSchedule(NamedTuple):
 
 
 def block_schedule(segment_ids: Array, block_q: int, block_k: int, causal: bool = True, *,
-                   kv_segment_ids: Array | None = None, q_offset: Any = 0) -> BlockSchedule:
+                   kv_segment_ids: Array | None = None, q_offset: Any = 0, window: int | None = None) -> BlockSchedule:
     """The tiles that can hold an unmasked entry, from each block's range of non-padding segment ids.
 
     ``segment_ids`` are the queries'; the keys' are ``kv_segment_ids`` (the same row
     when None), and query ``i`` sits at row index ``q_offset + i`` of the keys' row:
     a device's slice of a sequence split over devices (:mod:`~scaletrain.models.flash_sharding`).
+    With a ``window``, tiles whose every query is ``window`` or more rows past every key
+    are skipped too (sliding-window attention: block-sparse both ways).
 
     Tile ``(i, j)`` is needed when it is not above the diagonal (``causal``) and
     either the two blocks' ranges ``[min, max]`` of non-zero segment ids overlap (they
@@ -112,6 +116,8 @@ def block_schedule(segment_ids: Array, block_q: int, block_k: int, causal: bool 
     needed = share | diagonal[None]
     if causal:
         needed = needed & (k_first[None, :] <= q_last[:, None])[None]
+    if window is not None:  # some query of the tile is within the window of some key: q_first - k_last < window
+        needed = needed & (q_first[:, None] - k_last[None, :] < window)[None]
 
     def span(m: Array, axis: int) -> tuple[Array, Array]:
         n = m.shape[axis]
@@ -124,13 +130,15 @@ def block_schedule(segment_ids: Array, block_q: int, block_k: int, causal: bool 
     return BlockSchedule(kv_lo, kv_hi, q_lo, q_hi)
 
 
-def _tile_mask(q_seg: Array, k_seg: Array, q_start: Any, k_start: Any, causal: bool) -> Array:
-    """[bq, bk] booleans of :func:`build_attention_mask` (no window) for one tile."""
+def _tile_mask(q_seg: Array, k_seg: Array, q_start: Any, k_start: Any, causal: bool, window: int | None) -> Array:
+    """[bq, bk] booleans of :func:`build_attention_mask` for one tile (the window on row distance)."""
     q_idx = q_start + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], k_seg.shape[0]), 0)
     k_idx = k_start + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], k_seg.shape[0]), 1)
     mask = (q_seg[:, None] == k_seg[None, :]) & (k_seg != 0)[None, :]
     if causal:
         mask = mask & (q_idx >= k_idx)
+    if window is not None:
+        mask = mask & (q_idx - k_idx < window)
     return mask | (q_idx == k_idx)
 
 
@@ -141,7 +149,7 @@ def _dot(a: Array, b: Array, a_dim: int = 1, b_dim: int = 0) -> Array:
 
 def _forward_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg_ref: Ref, q_ref: Ref,
                     k_ref: Ref, v_ref: Ref, o_ref: Ref, lse_ref: Ref, *count_ref: Ref, scale: float, causal: bool,
-                    block_q: int, block_k: int) -> None:
+                    window: int | None, block_q: int, block_k: int) -> None:
     i = pl.program_id(2)
     q = q_ref[...]
     q_seg = qseg_ref[pl.ds(i * block_q, block_q)]
@@ -152,7 +160,7 @@ def _forward_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref,
         acc, m, l, visits = carry
         k_slice = pl.ds(j * block_k, block_k)
         s = _dot(q, k_ref[k_slice, :], 1, 1) * scale
-        mask = _tile_mask(q_seg, kseg_ref[k_slice], q_start, j * block_k, causal)
+        mask = _tile_mask(q_seg, kseg_ref[k_slice], q_start, j * block_k, causal, window)
         m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, MASKED), axis=1))
         p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
         alpha = jnp.exp(m - m_new)
@@ -171,7 +179,7 @@ def _forward_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref,
 
 def _dq_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg_ref: Ref, q_ref: Ref, k_ref: Ref,
                v_ref: Ref, do_ref: Ref, lse_ref: Ref, delta_ref: Ref, dq_ref: Ref, *, scale: float, causal: bool,
-               block_q: int, block_k: int) -> None:
+               window: int | None, block_q: int, block_k: int) -> None:
     i = pl.program_id(2)
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
@@ -182,7 +190,7 @@ def _dq_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg
         k_slice = pl.ds(j * block_k, block_k)
         k = k_ref[k_slice, :]
         s = _dot(q, k, 1, 1) * scale
-        mask = _tile_mask(q_seg, kseg_ref[k_slice], q_start, j * block_k, causal)
+        mask = _tile_mask(q_seg, kseg_ref[k_slice], q_start, j * block_k, causal, window)
         p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
         ds = p * (_dot(do, v_ref[k_slice, :], 1, 1) - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
@@ -193,7 +201,7 @@ def _dq_kernel(kv_lo_ref: Ref, kv_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg
 
 def _dkv_kernel(q_lo_ref: Ref, q_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg_ref: Ref, q_ref: Ref, k_ref: Ref,
                 v_ref: Ref, do_ref: Ref, lse_ref: Ref, delta_ref: Ref, dk_ref: Ref, dv_ref: Ref, *, scale: float,
-                causal: bool, block_q: int, block_k: int, group: int) -> None:
+                causal: bool, window: int | None, block_q: int, block_k: int, group: int) -> None:
     j = pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
     k_seg = kseg_ref[pl.ds(j * block_k, block_k)]
@@ -205,7 +213,7 @@ def _dkv_kernel(q_lo_ref: Ref, q_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg_
             q_slice = pl.ds(i * block_q, block_q)
             q, do = q_ref[q_slice, g, :], do_ref[q_slice, g, :]
             s = _dot(q, k, 1, 1) * scale
-            mask = _tile_mask(qseg_ref[q_slice], k_seg, offset + i * block_q, j * block_k, causal)
+            mask = _tile_mask(qseg_ref[q_slice], k_seg, offset + i * block_q, j * block_k, causal, window)
             p = jnp.where(mask, jnp.exp(s - lse_ref[g, q_slice][:, None]), 0.0)
             ds = p * (_dot(do, v, 1, 1) - delta_ref[g, q_slice][:, None])
             return dk + _dot(ds.astype(q.dtype), q, 0, 0), dv + _dot(p.astype(do.dtype), do, 0, 0)
@@ -221,6 +229,7 @@ def _dkv_kernel(q_lo_ref: Ref, q_hi_ref: Ref, off_ref: Ref, qseg_ref: Ref, kseg_
 class _Config(NamedTuple):
     scale: float
     causal: bool
+    window: int | None
     block_q: int
     block_k: int
     interpret: bool
@@ -254,7 +263,8 @@ def _forward(cfg: _Config, q: Array, k: Array, v: Array, q_seg: Array, kv_seg: A
     tk = k.shape[1]
     group = nq_heads // k.shape[2]
     nq = tq // cfg.block_q
-    sched = block_schedule(q_seg, cfg.block_q, cfg.block_k, cfg.causal, kv_segment_ids=kv_seg, q_offset=offset[0])
+    sched = block_schedule(q_seg, cfg.block_q, cfg.block_k, cfg.causal, kv_segment_ids=kv_seg, q_offset=offset[0],
+                           window=cfg.window)
     row = pl.BlockSpec((None, tk, None, d), lambda b_, h, i: (b_, 0, h // group, 0))
     q_tile = pl.BlockSpec((None, cfg.block_q, None, d), lambda b_, h, i: (b_, i, h, 0))
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, nq_heads, tq), jnp.float32)]
@@ -262,7 +272,7 @@ def _forward(cfg: _Config, q: Array, k: Array, v: Array, q_seg: Array, kv_seg: A
     if count_visits:
         out_shape.append(jax.ShapeDtypeStruct((b, nq_heads, nq), jnp.int32))
         out_specs.append(pl.BlockSpec((None, None, 1), lambda b_, h, i: (b_, h, i)))
-    kernel = functools.partial(_forward_kernel, scale=cfg.scale, causal=cfg.causal,
+    kernel = functools.partial(_forward_kernel, scale=cfg.scale, causal=cfg.causal, window=cfg.window,
                                block_q=cfg.block_q, block_k=cfg.block_k)
     return pl.pallas_call(
         kernel, grid=(b, nq_heads, nq), out_shape=out_shape, out_specs=out_specs,
@@ -277,10 +287,11 @@ def _backward(cfg: _Config, res: tuple[Array, ...], do: Array) -> tuple[Array, A
     tk, nkv = k.shape[1], k.shape[2]
     group = nq_heads // nkv
     nq, nk = tq // cfg.block_q, tk // cfg.block_k
-    sched = block_schedule(q_seg, cfg.block_q, cfg.block_k, cfg.causal, kv_segment_ids=kv_seg, q_offset=offset[0])
+    sched = block_schedule(q_seg, cfg.block_q, cfg.block_k, cfg.causal, kv_segment_ids=kv_seg, q_offset=offset[0],
+                           window=cfg.window)
     # D_i = rowsum(dO * O): one elementwise pass, left to XLA to fuse
     delta = jnp.einsum("bthd,bthd->bht", do.astype(jnp.float32), o.astype(jnp.float32))
-    kw = dict(scale=cfg.scale, causal=cfg.causal, block_q=cfg.block_q, block_k=cfg.block_k)
+    kw = dict(scale=cfg.scale, causal=cfg.causal, window=cfg.window, block_q=cfg.block_q, block_k=cfg.block_k)
 
     kv_row = pl.BlockSpec((None, tk, None, d), lambda b_, h, i: (b_, 0, h // group, 0))
     q_tile = pl.BlockSpec((None, cfg.block_q, None, d), lambda b_, h, i: (b_, i, h, 0))
@@ -325,7 +336,7 @@ _attention.defvjp(_attention_fwd, _backward)
 
 
 def _prepare(q: Array, k: Array, v: Array, segment_ids: Array, kv_segment_ids: Array | None, q_offset: Any,
-             scale: float | None, causal: bool, block_q: int, block_k: int,
+             scale: float | None, causal: bool, window: int | None, block_q: int, block_k: int,
              interpret: bool) -> tuple[_Config, tuple[Array, ...], int, int]:
     """Check shapes, clamp the blocks, and pad T to whole blocks and D to a power of two.
 
@@ -347,6 +358,8 @@ def _prepare(q: Array, k: Array, v: Array, segment_ids: Array, kv_segment_ids: A
     if segment_ids.shape != (b, tq) or kv_segment_ids.shape != (b, tk):
         raise ValueError(f"segment ids must be [B, Tq] = {(b, tq)} and [B, Tk] = {(b, tk)}, got "
                          f"{segment_ids.shape} and {kv_segment_ids.shape}")
+    if window is not None and (not causal or window < 1):
+        raise ValueError(f"a sliding window must be a positive number of tokens on causal attention, got {window}")
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size < 16 or size & (size - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (Triton tiles), got {size}")
@@ -361,22 +374,24 @@ def _prepare(q: Array, k: Array, v: Array, segment_ids: Array, kv_segment_ids: A
         q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
         segment_ids = jnp.pad(segment_ids, ((0, 0), (0, t_pad)))
         kv_segment_ids = segment_ids if self_attention else kv_segment_ids
-    cfg = _Config(1.0 / math.sqrt(d) if scale is None else float(scale), causal, block_q, block_k, interpret)
+    cfg = _Config(1.0 / math.sqrt(d) if scale is None else float(scale), causal, window, block_q, block_k, interpret)
     offset = jnp.asarray(q_offset, jnp.int32).reshape(1)
     return cfg, (q, k, v, segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32), offset), tq, d
 
 
 def segment_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, scale: float | None = None,
                             causal: bool = True, block_q: int = 64, block_k: int = 64, interpret: bool = False,
-                            kv_segment_ids: Array | None = None, q_offset: Any = 0) -> Array:
+                            kv_segment_ids: Array | None = None, q_offset: Any = 0,
+                            window: int | None = None) -> Array:
     """Attention of packed rows, [B, T, Hq, D], equal to the einsum path with ``build_attention_mask``.
 
     ``q`` [B, T, Hq, D], ``k``/``v`` [B, T, Hkv, D] (GQA: q head ``h`` uses kv head
     ``h // (Hq // Hkv)``), ``segment_ids`` [B, T] (0 = padding). The caller promises
     that each document is one contiguous run of its row with positions increasing
     along it (packing's rows), so causality on the row index is causality within the
-    document; ``positions`` are therefore not an argument, and sliding windows are not
-    supported. ``scale`` multiplies the scores (``1/sqrt(D)`` when None). Blocks are
+    document; ``positions`` are therefore not an argument, and a sliding ``window``
+    (key ``j`` seen by query ``i`` only if ``i - j < window``) is on row distance, which is
+    position distance inside a document. ``scale`` multiplies the scores (``1/sqrt(D)`` when None). Blocks are
     powers of two, clamped to the row; T and D are padded as needed. Differentiable
     (custom VJP: Pallas dq and dk/dv kernels with the forward's tile skipping, from
     the saved row log-sum-exp). ``interpret=True`` runs the kernels in Pallas'
@@ -387,20 +402,21 @@ def segment_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *,
     is fine: a device's slice of a sequence split over devices). Tq and Tk must then be
     whole blocks.
     """
-    cfg, args, t, d = _prepare(q, k, v, segment_ids, kv_segment_ids, q_offset, scale, causal, block_q, block_k,
-                               interpret)
+    cfg, args, t, d = _prepare(q, k, v, segment_ids, kv_segment_ids, q_offset, scale, causal, window, block_q,
+                               block_k, interpret)
     return _attention(cfg, *args)[:, :t, :, :d]
 
 
 def attention_with_visits(q: Array, k: Array, v: Array, segment_ids: Array, *, causal: bool = True,
                           block_q: int = 64, block_k: int = 64, interpret: bool = False,
-                          kv_segment_ids: Array | None = None, q_offset: Any = 0) -> tuple[Array, Array]:
+                          kv_segment_ids: Array | None = None, q_offset: Any = 0,
+                          window: int | None = None) -> tuple[Array, Array]:
     """The forward alone, with the number of key tiles its loop visited per ``[B, Hq, T/block_q]`` query tile.
 
     For debugging and the tests that the skipping happens in the kernel, not only in
     :func:`block_schedule`; not differentiable.
     """
-    cfg, args, t, d = _prepare(q, k, v, segment_ids, kv_segment_ids, q_offset, None, causal, block_q, block_k,
-                               interpret)
+    cfg, args, t, d = _prepare(q, k, v, segment_ids, kv_segment_ids, q_offset, None, causal, window, block_q,
+                               block_k, interpret)
     out, _, visits = _forward(cfg, *args, count_visits=True)
     return out[:, :t, :, :d], visits

@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.attention import ForwardInputs, PackedSegments
-from scaletrain.models.config import LlamaConfig, effective_sliding_window
+from scaletrain.models.config import LlamaConfig
 from scaletrain.models.flash_attention import segment_flash_attention
 from scaletrain.parallel.partition import active_axis_size, active_platform, active_sharding_axes
 
@@ -91,14 +91,14 @@ def training_mechanism(config: LlamaConfig, t: int) -> str:
 
     There cuDNN's partitioner refuses the split sequence and the einsum path builds every
     head's ``[T / sp, T]`` scores (compiled for 8 H100s at 32k tokens: 247 GB of
-    temporaries per device, against 10.4 GB with the kernel; ``bench/aot.py``). Not with a
-    sliding window (the kernel has none), heads that do not divide over tp, or slices that
-    are not whole 16-token tiles (:func:`sequence_block`): ``auto`` never raises for them.
+    temporaries per device, against 10.4 GB with the kernel; ``bench/aot.py``). Not with
+    heads that do not divide over tp, or slices that are not whole 16-token tiles
+    (:func:`sequence_block`): ``auto`` never raises for them.
     """
     mechanism, pa = config.attn_mechanism, config.partition_axis
     devices = split_devices(pa.sequence_axis, t)
-    if (mechanism not in ("auto", "sdpa") or effective_sliding_window(config) is not None
-            or active_platform() != "gpu" or devices <= 1 or (t // devices) % 16):
+    if (mechanism not in ("auto", "sdpa") or active_platform() != "gpu" or devices <= 1
+            or (t // devices) % 16):
         return mechanism
     if config.num_attention_heads % active_axis_size(pa.head_axis) or (
             config.num_key_value_heads % active_axis_size(pa.kv_head_axis)):
@@ -118,14 +118,14 @@ def zigzag_inputs(sequence_axis: Any, input_ids: jax.Array,
     order = zigzag_order(t, devices)
     take = lambda x: jnp.take(x, order, axis=1)  # noqa: E731
     permuted = ForwardInputs(take(inputs.positions), take(inputs.segment_ids),
-                             PackedSegments(take(inputs.mask.ids), zigzag=True),
+                             PackedSegments(take(inputs.mask.ids), window=inputs.mask.window, zigzag=True),
                              (take(inputs.rope[0]), take(inputs.rope[1])))
     return take(input_ids), permuted, np.argsort(order)
 
 
 def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, scale: float | None,
                             batch_axis: Any, sequence_axis: Any, head_axis: Any, kv_head_axis: Any,
-                            zigzag: bool = False) -> Array:
+                            window: int | None = None, zigzag: bool = False) -> Array:
     """:func:`segment_flash_attention` as a model layer calls it: on each device's shard of the active mesh.
 
     ``q`` [B, T, Hq, D], ``k``/``v`` [B, T, Hkv, D], ``segment_ids`` [B, T] (all ones
@@ -135,7 +135,7 @@ def sharded_flash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *,
     run in Pallas' interpreter (slow: for tests and CPU meshes only).
     """
     interpret = active_platform() != "gpu"
-    run = functools.partial(segment_flash_attention, scale=scale, interpret=interpret)
+    run = functools.partial(segment_flash_attention, scale=scale, interpret=interpret, window=window)
     whole_rows = functools.partial(run, block_q=BLOCK_Q, block_k=BLOCK_K)
     if jax.sharding.get_abstract_mesh().empty:
         return whole_rows(q, k, v, segment_ids)

@@ -134,7 +134,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         attention_mask: Array | None = None,
     ) -> Array:
         """Final-norm hidden states [B, T, hidden]; each layer gets its kind's mask and RoPE."""
-        inputs = {is_global: prepare_inputs(input_ids, positions, segment_ids, attention_mask, window, inv_freq)
+        # pallas: each kind's PackedSegments carry its window (rows stay in order: no zigzag over sp here)
+        inputs = {is_global: prepare_inputs(input_ids, positions, segment_ids, attention_mask, window, inv_freq,
+                                            self.config.attn_mechanism)
                   for is_global, (window, inv_freq) in self._kinds().items()}
         x = self._shard_activations(self._embed(input_ids))
         for i, layer in enumerate(self.model.layers):

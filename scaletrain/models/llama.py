@@ -136,7 +136,7 @@ class Attention(nnx.Module):
                 raise ConfigError(f"model.attn_mechanism: 'pallas' {problem}; use 'auto'")
             out = sharded_flash_attention(q, k, v, mask.ids, scale=self.scale, batch_axis=self.batch_axis,
                                           sequence_axis=self.sequence_axis, head_axis=self.head_axes[0],
-                                          kv_head_axis=self.head_axes[1], zigzag=mask.zigzag)
+                                          kv_head_axis=self.head_axes[1], window=mask.window, zigzag=mask.zigzag)
         elif use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
             out = fused_attention(q, k, v, mask, scale=self.scale)
         else:
