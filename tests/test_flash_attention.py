@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flash_testing import assert_same_loss_and_grads
 
 from scaletrain.models.attention import build_attention_mask, dot_product_attention
 from scaletrain.models.flash_attention import attention_with_visits, block_schedule, segment_flash_attention
@@ -175,12 +176,7 @@ def test_model_with_pallas_attention_equals_the_einsum_path_on_a_mesh() -> None:
             mechanism == "pallas")
         return float(value), nnx.to_pure_dict(grads)
 
-    (want, want_g), (got, got_g) = loss_and_grads("xla"), loss_and_grads("pallas")
-    # the same arithmetic up to the online softmax's summation order: float32 rounding only
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6 * float(np.abs(b).max()),
-                                   err_msg=jax.tree_util.keystr(path))
+    assert_same_loss_and_grads(loss_and_grads("pallas"), loss_and_grads("xla"))
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3"])
@@ -216,12 +212,7 @@ def test_sliding_window_models_with_pallas_equal_the_einsum_path(family: str) ->
             value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
         return float(value), nnx.to_pure_dict(grads)
 
-    (want, want_g), (got, got_g) = loss_and_grads("xla"), loss_and_grads("pallas")
-    # float32; the online softmax reorders sums only (as the model test above)
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6 * float(np.abs(b).max()),
-                                   err_msg=jax.tree_util.keystr(path))
+    assert_same_loss_and_grads(loss_and_grads("pallas"), loss_and_grads("xla"))
 
 
 def test_sliding_window_is_exact_and_skips_tiles_out_of_reach() -> None:
