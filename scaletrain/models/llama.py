@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
@@ -24,6 +25,7 @@ from jax.sharding import PartitionSpec
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.attention import (
+    ForwardInputs,
     KVCache,
     PackedSegments,
     apply_rope,
@@ -38,6 +40,7 @@ from scaletrain.models.attention import (
 )
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, effective_sliding_window
 from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.flash_sharding import sharded_flash_attention, training_mechanism, zigzag_inputs
 from scaletrain.models.fp8 import fp8_layer, fp8_matmul
 from scaletrain.models.layer_stack import build_layers
@@ -144,7 +147,7 @@ class Attention(nnx.Module):
             blocks = 1 if sequence_split else causal_blocks(t, t)
             out = dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks,
                                         scale=self.scale)
-        out = checkpoint_name(out, "attn_out")
+        out = checkpoint_name(out, ATTENTION_OUTPUT)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
     def _head_norm(self, config: LlamaConfig, dtype: Any, param_dtype: Any) -> nnx.Module | None:
@@ -305,16 +308,26 @@ class LlamaForCausalLM(nnx.Module):
         attention_mask: Array | None = None,
     ) -> Array:
         """Final-norm hidden states [B, T, hidden]."""
-        cfg = self.config
-        inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, effective_sliding_window(cfg),
-                                rope_inv_freq(cfg), training_mechanism(cfg, input_ids.shape[1]))
-        input_ids, inputs, restore = zigzag_inputs(cfg.partition_axis.sequence_axis, input_ids, inputs)
+        input_ids, inputs, restore = self._forward_inputs(input_ids, positions, segment_ids, attention_mask)
         x = self._shard_activations(self._embed(input_ids))
         for layer in self.model.layers:
             x = self._shard_activations(self._run_layer(layer, x, inputs.mask, inputs.rope))
-        return self.model.norm(x if restore is None else self._shard_activations(jnp.take(x, restore, axis=1)))
+        return self.model.norm(self._in_row_order(x, restore))
 
     # -- pieces every family's forward shares ----------------------------------------
+    def _forward_inputs(self, input_ids: Array, positions: Array | None, segment_ids: Array | None,
+                        attention_mask: Array | None) -> tuple[Array, ForwardInputs, np.ndarray | None]:
+        """The layers' inputs, in the zigzag layout when the flash kernel splits rows over sp, and the
+        permutation that puts the final hidden states back in row order (None: nothing permuted)."""
+        cfg = self.config
+        inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, effective_sliding_window(cfg),
+                                rope_inv_freq(cfg), training_mechanism(cfg, input_ids.shape[1]))
+        return zigzag_inputs(cfg.partition_axis.sequence_axis, input_ids, inputs)
+
+    def _in_row_order(self, x: Array, restore: np.ndarray | None) -> Array:
+        """Hidden states [B, T, hidden] back in row order after :meth:`_forward_inputs`' permutation."""
+        return x if restore is None else self._shard_activations(jnp.take(x, restore, axis=1))
+
     def _embed(self, input_ids: Array) -> Array:
         """Token embeddings [B, T, hidden] in the compute dtype (Gemma 3 scales them)."""
         return jnp.take(self.model.embed_tokens[...], input_ids, axis=0).astype(self.dtype)

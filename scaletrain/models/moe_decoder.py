@@ -17,9 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaletrain.models.attention import KVCache, prepare_inputs, rope_inv_freq
-from scaletrain.models.config import LlamaConfig, effective_sliding_window
-from scaletrain.models.flash_sharding import training_mechanism, zigzag_inputs
+from scaletrain.models.attention import KVCache
+from scaletrain.models.config import LlamaConfig
 from scaletrain.models.llama import Attention, LlamaForCausalLM, LlamaModel, RMSNorm
 from scaletrain.models.moe import RouterStats, SparseMoeBlock
 from scaletrain.models.moe_config import MixtralConfig, Qwen3MoeConfig
@@ -88,10 +87,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         padding (segment 0) is routed like any token but left out of the statistics,
         as transformers leaves it out of the balancing loss given an attention mask.
         """
-        cfg = self.config
-        inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, effective_sliding_window(cfg),
-                                rope_inv_freq(cfg), training_mechanism(cfg, input_ids.shape[1]))
-        input_ids, inputs, restore = zigzag_inputs(cfg.partition_axis.sequence_axis, input_ids, inputs)
+        input_ids, inputs, restore = self._forward_inputs(input_ids, positions, segment_ids, attention_mask)
         valid = (inputs.segment_ids != 0).astype(jnp.float32)
         x = self._shard_activations(self._embed(input_ids))
         stats = []
@@ -99,9 +95,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             x, s = self._run_layer(layer, x, inputs.mask, inputs.rope, valid)
             x = self._shard_activations(x)
             stats.append(s)
-        if restore is not None:  # back to row order (zigzag context parallelism)
-            x = self._shard_activations(jnp.take(x, restore, axis=1))
-        return self.model.norm(x), jax.tree.map(lambda *a: jnp.stack(a), *stats)
+        return self.model.norm(self._in_row_order(x, restore)), jax.tree.map(lambda *a: jnp.stack(a), *stats)
 
     def router_stats_shape(self) -> RouterStats:
         """The shapes and dtypes of :meth:`hidden_states_and_router_stats`' statistics, known without
