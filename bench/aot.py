@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--layers", type=int, default=None,
                    help="num_hidden_layers instead of the model's own (16 for 1b): how compile time and host "
                         "memory grow with depth")
+    p.add_argument("--scan-layers", action="store_true",
+                   help="the layers stored stacked and run by lax.scan (model.scan_layers): one layer body to compile")
     p.add_argument("--tiny", action="store_true", help="a toy model (tests the plumbing)")
     p.add_argument("--cpu", action="store_true", help="compile for this host's CPU instead (tests, no plugin)")
     p.add_argument("--out", default=None,
@@ -276,8 +278,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         if a.layers < 1:
             p.error(f"--layers {a.layers}: give at least 1")
         arch["num_hidden_layers"] = a.layers
-    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, sharding_axis_dims=dims, fp8=a.fp8)
-    model = ("tiny" if a.tiny else a.model) + ("" if a.layers is None else f"-{a.layers}layers")
+    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, sharding_axis_dims=dims, fp8=a.fp8,
+                      scan_layers=a.scan_layers)
+    model = (("tiny" if a.tiny else a.model) + ("" if a.layers is None else f"-{a.layers}layers")
+             + ("-scan" if a.scan_layers else ""))
     runs = [compile_step(cfg, devices, batch, seq, a.dtype, kind, a.dump) for kind in a.batches.split(",")]
     result = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
@@ -287,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "config": {"model": model, "num_hidden_layers": cfg.num_hidden_layers, "devices": len(devices),
                    "sharding_axis_dims": dims,
                    "batch": batch, "seq": seq, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
-                   "attn_mechanism": a.attn, "fp8": a.fp8},
+                   "attn_mechanism": a.attn, "fp8": a.fp8, "scan_layers": a.scan_layers},
         "runs": runs,
     }
     where = "cpu" if a.cpu else a.target.replace(":", "-") + (f"x{len(devices)}" if platform == "cuda"

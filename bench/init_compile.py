@@ -56,7 +56,7 @@ def measure(model: dict[str, Any], layers: int, devices: list[Any], mode: str) -
     from scaletrain.models.config import LlamaConfig
     from scaletrain.models.llama import LlamaForCausalLM
 
-    cfg = LlamaConfig(**dict(model, num_hidden_layers=layers))
+    cfg = LlamaConfig(**dict(model, num_hidden_layers=layers), scan_layers=mode == "scan")
     mesh = factory.mesh_for_config(cfg, devices)
     abstract = factory.abstract_model(LlamaForCausalLM, cfg, mesh=mesh)
     _, abstract_state, shardings = factory._split_sharded(abstract, cfg, mesh)
@@ -66,10 +66,9 @@ def measure(model: dict[str, Any], layers: int, devices: list[Any], mode: str) -
         init = factory.Initialiser(make, nnx.to_pure_dict(abstract_state), shardings, mesh)
         if mode == "whole":
             return {"whole_program_compile_s": round(_compile_s(whole.lower()), 2), **_host_peak("whole_program")}
-        if mode == "per_layer":
+        if mode in ("per_layer", "scan"):
             parts = {name: round(_compile_s(lowered), 2) for name, lowered in init.lower().items()}
-            return {"per_layer_compile_s": parts, "per_layer_total_s": round(sum(parts.values()), 2),
-                    **_host_peak("per_layer")}
+            return {f"{mode}_compile_s": parts, f"{mode}_total_s": round(sum(parts.values()), 2), **_host_peak(mode)}
         a, b = whole(), init()
         same = jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)
         return {"bit_identical": all(jax.tree.leaves(same))}
@@ -95,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--layers", default="1,4,16", help="depths to compile")
     p.add_argument("--model", default="1b", choices=["1b", "tiny"], help="Llama-3.2-1B's shape, or a toy")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/init-compile-<target>-<date>.json)")
+    p.add_argument("--scan-layers", action="store_true",
+                   help="also the initialiser of the stacked layout (model.scan_layers: one vmapped layer)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # MODE:LAYERS, run by main() in a subprocess
     a = p.parse_args(argv)
     if a.target != "cpu" and not aot.has_compiler("cuda"):
@@ -113,13 +114,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     runs = []
     for n in (int(x) for x in a.layers.split(",")):
         r: dict[str, Any] = {"layers": n}
-        for mode in ("whole", "per_layer") + (("check",) if a.target == "cpu" else ()):
+        modes = ("whole", "per_layer") + (("scan",) if a.scan_layers else ()) + (("check",) if a.target == "cpu" else ())
+        for mode in modes:
             r.update(_in_fresh_process(base, mode, n))
         r["speedup"] = round(r["whole_program_compile_s"] / r["per_layer_total_s"], 2)
         runs.append(r)
         print(f"{n:>3} layers: whole program {r['whole_program_compile_s']:7.2f} s, per layer "
               f"{r['per_layer_total_s']:6.2f} s ({r['speedup']}x); host peak RSS whole program "
               f"{_gb(r['whole_program_host_peak_rss_gb'])}, per layer {_gb(r['per_layer_host_peak_rss_gb'])}"
+              + (f"; stacked layers (scan_layers) {r['scan_total_s']:6.2f} s, host peak RSS "
+                 f"{_gb(r['scan_host_peak_rss_gb'])}" if "scan_total_s" in r else "")
               + (f", bit-identical: {r['bit_identical']}" if "bit_identical" in r else ""), flush=True)
     result = {"date": dt.datetime.now().isoformat(timespec="seconds"),
               "command": "python bench/init_compile.py " + " ".join(argv), "target": a.target,

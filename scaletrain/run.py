@@ -93,10 +93,11 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     """The local Hugging Face model of ``model.pretrained``, sharded on the recipe's mesh.
 
     Keys under ``model`` other than ``type``/``pretrained`` may only change runtime
-    options (remat, attention softmax dtype); architecture keys come from the folder
+    options (remat, attention softmax dtype) and the layout (``scan_layers``, applied as the
+    weights are read); architecture keys come from the folder
     (:func:`check_pretrained_keys`).
     """
-    from scaletrain.models.config import RUNTIME_KEYS
+    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
     from scaletrain.models.registry import AutoModelForCausalLM
 
     check_pretrained_keys(recipe)
@@ -110,6 +111,7 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
         param_dtype=recipe.training.param_dtype,
         sharding_axis_dims=recipe.mesh.axis_dims,
         partition_axis=recipe.mesh.partition_axis,
+        **{k: v for k, v in recipe.model.config_overrides.items() if k in LAYOUT_KEYS},
     )
     for key, value in recipe.model.config_overrides.items():
         if key in RUNTIME_KEYS:  # the others equal the folder's (checked above)
@@ -125,10 +127,10 @@ def check_pretrained_keys(recipe: Recipe) -> None:
     ``hidden_size`` cannot be honoured, and silently ignoring it would train another
     model than the recipe says. Equal values are allowed, so a recipe may state them.
     """
-    from scaletrain.models.config import RUNTIME_KEYS
+    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
     from scaletrain.models.hf_config import load_hf_config
 
-    extra = {k: v for k, v in recipe.model.config_overrides.items() if k not in RUNTIME_KEYS}
+    extra = {k: v for k, v in recipe.model.config_overrides.items() if k not in (*RUNTIME_KEYS, *LAYOUT_KEYS)}
     if not extra:
         return
     folder = recipe.model.pretrained
@@ -140,8 +142,8 @@ def check_pretrained_keys(recipe: Recipe) -> None:
     if conflicts:
         raise ConfigError(
             f"model.pretrained={folder} takes its architecture from {folder}/config.json, but the recipe sets "
-            f"{', '.join(conflicts)}; remove these keys from the model section (only {sorted(RUNTIME_KEYS)} may "
-            "differ), or start from examples/chat_sft_smollm2.yaml"
+            f"{', '.join(conflicts)}; remove these keys from the model section (only "
+            f"{sorted(RUNTIME_KEYS + LAYOUT_KEYS)} may differ), or start from examples/chat_sft_smollm2.yaml"
         )
 
 

@@ -33,6 +33,9 @@ DTYPES: dict[str, Any] = {
 # its architecture or weights: the only ones a user may set on top of a pretrained model or
 # a loaded checkpoint. The mesh fields (sharding_*, partition_axis) are placement, set apart.
 RUNTIME_KEYS = ("gradient_checkpointing", "attn_mechanism", "attn_dtype", "attn_softmax_dtype", "fp8")
+# Config fields that lay the same weights out differently (stacked layers): a pretrained model
+# takes them when it is loaded; a checkpoint of our own restores only into the layout it was saved in.
+LAYOUT_KEYS = ("scan_layers",)
 
 
 def dtype_name(value: Any) -> str:
@@ -93,6 +96,10 @@ class LlamaConfig(ConfigModel):
     # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.fp8; strict,
     # so a YAML string ("yes") is an error, not True
     fp8: StrictBool = False
+    # the decoder layers as one stack with a leading layer axis, run by lax.scan
+    # (scaletrain.models.stacked_layers): one layer body to compile. EasyDeL's name. It changes the
+    # parameters' layout, so a checkpoint restores only into the layout it was saved in
+    scan_layers: StrictBool = False
     sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
     sharding_axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
     sharding_dcn_axis_dims: tuple[int, ...] | None = None

@@ -37,7 +37,8 @@ from jax.sharding import Mesh
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.models.config import LlamaConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
-from scaletrain.models.hf_experts import expert_tensor_names, read_expert_block
+from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
+from scaletrain.models.stacked_layers import per_layer_names
 from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import PartitionAxis
@@ -118,20 +119,25 @@ def open_weights(path: str) -> Any:
 
 
 class Source(NamedTuple):
-    """Where one of our parameters is in a checkpoint: its HF tensor (or one per expert, ``stacked``)."""
+    """Where one of our parameters is in a checkpoint: its HF tensor, or one per entry of its ``stacked``
+    leading axes (experts, layers of a ``scan_layers`` stack, or both), in row-major order."""
 
     tensors: tuple[str, ...]
     transpose: bool
-    stacked: bool
+    stacked: int
 
 
 def hf_source(name: str, shape: tuple[int, ...]) -> Source:
     """The :class:`Source` of our parameter ``name`` of ``shape``."""
+    layers = per_layer_names(name, shape[0]) if shape else None
+    if layers is not None:  # model.layers.stack.<rest>: layer i's tensors are those of model.layers.<i>.<rest>
+        each = [hf_source(layer, shape[1:]) for layer in layers]
+        return Source(tuple(t for s in each for t in s.tensors), each[0].transpose, each[0].stacked + 1)
     experts = expert_tensor_names(name, shape[0]) if shape else None
     if experts is not None:
-        return Source(experts, True, True)
+        return Source(experts, True, 1)
     hf, transpose = hf_tensor_name(name)
-    return Source((hf,), transpose, False)
+    return Source((hf,), transpose, 0)
 
 
 def _slices(index: tuple[slice, ...], transpose: bool) -> tuple[slice, ...]:
@@ -141,14 +147,14 @@ def _slices(index: tuple[slice, ...], transpose: bool) -> tuple[slice, ...]:
 def _load_sharded(handles: dict[str, Any], source: Source, target: jax.ShapeDtypeStruct) -> jax.Array:
     """Read one parameter from open safetensors files (``handles`` by tensor) into ``target``'s sharding.
 
-    ``source.tensors`` is one HF tensor, or one per expert for a stacked expert kernel
-    (:mod:`scaletrain.models.hf_experts`). Each addressable device asks for its own
+    ``source.tensors`` is one HF tensor, or one per entry of the parameter's stacked leading axes
+    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.stacked_layers`). Each addressable device asks for its own
     index; only that slice is read from the memory-mapped files (a small cache serves
     replicated devices).
     """
     tensors, transpose, stacked = source
     slices = [handles[t].get_slice(t) for t in tensors]
-    per_tensor = tuple(target.shape[1:]) if stacked else tuple(target.shape)
+    per_tensor = tuple(target.shape[stacked:])
     expect = tuple(reversed(per_tensor)) if transpose else per_tensor
     for tensor, sl in zip(tensors, slices):
         shape = tuple(sl.get_shape())
@@ -162,7 +168,7 @@ def _load_sharded(handles: dict[str, Any], source: Source, target: jax.ShapeDtyp
         key = tuple((s.start, s.stop, s.step) for s in index)
         if key not in cache:
             if stacked:
-                part = read_expert_block(slices, index, tuple(target.shape), transpose)
+                part = read_stacked_block(slices, index, tuple(target.shape), transpose, stacked)
             else:
                 part = slices[0][_slices(index, transpose)] if index else slices[0][...]
                 part = part.T if transpose else part
@@ -182,18 +188,25 @@ def load_hf_checkpoint(
     sharding_axis_dims: tuple[int, ...] | None = None,
     partition_axis: PartitionAxis | dict[str, Any] | None = None,
     precision: Any = None,
+    scan_layers: bool = False,
 ) -> nnx.Module:
     """Build ``module_class`` from a local HF folder, parameters sharded on ``mesh``.
 
     The folder's ``model_type`` must be ``module_class._model_type`` (use
     ``AutoModelForCausalLM`` to pick the class from the folder). ``mesh`` defaults to
     the one ``sharding_axis_dims`` describes (all devices on fsdp unless given).
-    Weights are cast to ``param_dtype``; ``dtype`` is the compute dtype. Raises
+    Weights are cast to ``param_dtype``; ``dtype`` is the compute dtype. ``scan_layers`` reads the
+    per-layer tensors into one stack per parameter (``model.scan_layers``). Raises
     ConfigError for a missing file or an unsupported model_type/option and
     CheckpointError for missing or mis-shaped tensors.
     """
     local_dir = os.fspath(local_dir)
     config = load_hf_config(local_dir, sharding_axis_dims, partition_axis)
+    if scan_layers:
+        try:
+            config.scan_layers = True
+        except ValueError as exc:
+            raise ConfigError(f"{os.path.join(local_dir, CONFIG_FILE)}: {exc}") from None
     expected = getattr(module_class, "_model_type", None)
     if expected is not None and config.model_type != expected:
         raise ConfigError(
@@ -294,7 +307,8 @@ def _iter_hf_tensors(model: nnx.Module) -> Iterator[tuple[str, jax.Array, bool]]
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         source = hf_source(_path_name(path), tuple(leaf.shape))
         for e, hf in enumerate(source.tensors):
-            yield hf, (leaf[e] if source.stacked else leaf), source.transpose
+            yield hf, (leaf[np.unravel_index(e, leaf.shape[:source.stacked])] if source.stacked else leaf), \
+                source.transpose
 
 
 def save_hf_checkpoint(

@@ -30,15 +30,22 @@ def expert_tensor_names(name: str, num_experts: int) -> tuple[str, ...] | None:
     return tuple(f"{m['prefix']}.{e}.{m['leaf']}.weight" for e in range(num_experts))
 
 
-def read_expert_block(slices: list[Any], index: tuple[slice, ...], shape: tuple[int, ...],
-                      transpose: bool) -> np.ndarray:
-    """The block ``index`` of a stacked ``shape`` = [E, in, out] kernel from per-expert ``slices``.
+def read_stacked_block(slices: list[Any], index: tuple[slice, ...], shape: tuple[int, ...], transpose: bool,
+                       lead: int = 1) -> np.ndarray:
+    """The block ``index`` of a ``shape`` = [n_1, .., n_lead, *inner] parameter stacked from per-tensor ``slices``.
 
-    ``slices[e]`` is expert e's safetensors slice (``[out, in]`` when ``transpose``);
-    only the rows and columns this block needs are read from each.
+    ``slices`` holds one safetensors slice per entry of the ``lead`` stacked axes, in
+    row-major order (experts ``[E, in, out]``; a layer stack ``[L, ...]``; both
+    ``[L, E, in, out]``), each ``inner`` (reversed when ``transpose``). Only the rows and
+    columns this block needs are read from each.
     """
-    experts = range(*index[0].indices(shape[0])) if index else range(shape[0])
-    inner = tuple(index[1:]) if index else (slice(None), slice(None))
+    index = index or tuple(slice(None) for _ in shape)
+    picked = [range(*index[d].indices(shape[d])) for d in range(lead)]
+    inner = tuple(index[lead:])
     part = tuple(reversed(inner)) if transpose else inner
-    blocks = [slices[e][part] for e in experts]
-    return np.stack([b.T if transpose else b for b in blocks])
+    blocks = []
+    for position in np.ndindex(*(len(r) for r in picked)):
+        flat = int(np.ravel_multi_index(tuple(r[i] for r, i in zip(picked, position)), shape[:lead]))
+        block = slices[flat][part] if part else slices[flat][...]
+        blocks.append(block.T if transpose else block)
+    return np.stack(blocks).reshape(*(len(r) for r in picked), *blocks[0].shape)

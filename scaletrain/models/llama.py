@@ -45,6 +45,7 @@ from scaletrain.models.flash_sharding import sharded_flash_attention, training_m
 from scaletrain.models.fp8 import fp8_layer, fp8_matmul
 from scaletrain.models.layer_stack import build_layers
 from scaletrain.models.remat import run_layer
+from scaletrain.models.stacked_layers import StackedLayers, fold_layers
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 
@@ -263,8 +264,9 @@ class LlamaModel(nnx.Module):
         )
         # each layer from its own key: identical layers share one compiled initialiser (layer_stack)
         layer = self.layer_class
-        self.layers = build_layers(lambda _, r: layer(config, dtype, param_dtype, precision, r),
-                                   config.num_hidden_layers, rngs)
+        build = lambda _, r: layer(config, dtype, param_dtype, precision, r)  # noqa: E731
+        self.layers = (StackedLayers(build, config.num_hidden_layers, rngs.params()) if config.scan_layers
+                       else build_layers(build, config.num_hidden_layers, rngs))
         self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
         self.dtype = dtype
 
@@ -310,8 +312,8 @@ class LlamaForCausalLM(nnx.Module):
         """Final-norm hidden states [B, T, hidden]."""
         input_ids, inputs, restore = self._forward_inputs(input_ids, positions, segment_ids, attention_mask)
         x = self._shard_activations(self._embed(input_ids))
-        for layer in self.model.layers:
-            x = self._shard_activations(self._run_layer(layer, x, inputs.mask, inputs.rope))
+        x, _ = fold_layers(self.model.layers, lambda layer, h: (
+            self._shard_activations(self._run_layer(layer, h, inputs.mask, inputs.rope)), None), x)
         return self.model.norm(self._in_row_order(x, restore))
 
     # -- pieces every family's forward shares ----------------------------------------

@@ -160,6 +160,9 @@ def apply_lora(model: nnx.Module, config: LoRAConfig) -> nnx.Module:
     if getattr(getattr(model, "config", None), "fp8", False):  # LoRADense's dots are not FP8: refuse, not mix
         raise ConfigError("model.fp8 is not supported with LoRA/QLoRA (the adapted layers would not run in FP8); "
                           "set model.fp8: false or train without the lora section")
+    if getattr(getattr(model, "config", None), "scan_layers", False):  # adapters would need a layer axis too
+        raise ConfigError("model.scan_layers is not supported with LoRA/QLoRA (the adapters are per layer); "
+                          "set model.scan_layers: false or train without the lora section")
     targets = set(target_paths(model, config))
     key = jax.random.key(config.seed)
     for i, (path, parent, name, layer) in enumerate(dense_layers(model)):

@@ -22,6 +22,7 @@ from scaletrain.models.config import LlamaConfig
 from scaletrain.models.llama import Attention, LlamaForCausalLM, LlamaModel, RMSNorm
 from scaletrain.models.moe import RouterStats, SparseMoeBlock
 from scaletrain.models.moe_config import MixtralConfig, Qwen3MoeConfig
+from scaletrain.models.stacked_layers import fold_layers
 from scaletrain.models.task import TaskType
 
 Array = jax.Array
@@ -90,12 +91,13 @@ class MoeForCausalLM(LlamaForCausalLM):
         input_ids, inputs, restore = self._forward_inputs(input_ids, positions, segment_ids, attention_mask)
         valid = (inputs.segment_ids != 0).astype(jnp.float32)
         x = self._shard_activations(self._embed(input_ids))
-        stats = []
-        for layer in self.model.layers:
-            x, s = self._run_layer(layer, x, inputs.mask, inputs.rope, valid)
-            x = self._shard_activations(x)
-            stats.append(s)
-        return self.model.norm(self._in_row_order(x, restore)), jax.tree.map(lambda *a: jnp.stack(a), *stats)
+
+        def step(layer: nnx.Module, h: Array) -> tuple[Array, RouterStats]:
+            h, s = self._run_layer(layer, h, inputs.mask, inputs.rope, valid)
+            return self._shard_activations(h), s
+
+        x, stats = fold_layers(self.model.layers, step, x)
+        return self.model.norm(self._in_row_order(x, restore)), stats
 
     def router_stats_shape(self) -> RouterStats:
         """The shapes and dtypes of :meth:`hidden_states_and_router_stats`' statistics, known without

@@ -108,6 +108,7 @@ class AutoModelForCausalLM:
         sharding_axis_dims: tuple[int, ...] | None = None,
         partition_axis: PartitionAxis | dict[str, Any] | None = None,
         precision: Any = None,
+        scan_layers: bool = False,
     ) -> nnx.Module:
         """Load a local HF folder (no hub access) as the class registered for its model_type;
         see :func:`scaletrain.models.hf.load_hf_checkpoint`."""
@@ -123,4 +124,5 @@ class AutoModelForCausalLM:
             sharding_axis_dims=sharding_axis_dims,
             partition_axis=partition_axis,
             precision=precision,
+            scan_layers=scan_layers,
         )

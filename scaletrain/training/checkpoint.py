@@ -310,6 +310,7 @@ class Checkpointer:
         if problems:
             cfg = meta.get("config", {})
             hint = ", ".join(f"{k}={cfg[k]}" for k in ("vocab_size", "hidden_size", "num_hidden_layers") if k in cfg)
+            hint += f", scan_layers={cfg.get('scan_layers', False)}"  # the layers' layout: stacked or one by one
             raise CheckpointError(
                 f"checkpoint {where} does not fit this model ({len(problems)} mismatches; saved with {hint}): "
                 + "; ".join(problems[:5])

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from scaletrain.arguments import TrainingArguments
+from scaletrain.models.stacked_layers import stacked_axes
 
 
 def resolved_learning_rate_end(args: TrainingArguments) -> float:
@@ -36,8 +37,8 @@ def make_schedule(args: TrainingArguments, total_steps: int) -> optax.Schedule:
 
 
 def _decay_mask(params: Any) -> Any:
-    """Weight decay on matrices only (not on norms or biases)."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Weight decay on matrices only (not on norms or biases); a stacked layer axis does not count."""
+    return jax.tree_util.tree_map_with_path(lambda path, p: p.ndim - stacked_axes(path) >= 2, params)
 
 
 def _to_float32(tree: Any) -> Any:

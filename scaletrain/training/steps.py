@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax import lax
 
+from scaletrain.models.stacked_layers import stacked_axes
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.fused_loss import fused_head_loss
 from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
@@ -78,11 +79,17 @@ def group_norms(tree: Any, prefix: str) -> dict[str, jax.Array]:
     groups: dict[str, list[jax.Array]] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        square = jnp.square(leaf.astype(jnp.float32))
+        if stacked_axes(path):  # model.layers.stack.*: [layers, ...], one group per layer as unrolled
+            per_layer = jnp.sum(square, axis=tuple(range(1, leaf.ndim)))
+            for i in range(leaf.shape[0]):
+                groups.setdefault(f"layer_{i}", []).append(per_layer[i])
+            continue
         if len(keys) >= 3 and keys[0] == "model" and keys[1] == "layers":
             name = f"layer_{keys[2]}"
         else:
             name = keys[1] if keys[0] == "model" and len(keys) > 1 else keys[0]
-        groups.setdefault(name, []).append(jnp.sum(jnp.square(leaf.astype(jnp.float32))))
+        groups.setdefault(name, []).append(jnp.sum(square))
     return {f"{prefix}/{k}": jnp.sqrt(sum(v)) for k, v in groups.items()}
 
 

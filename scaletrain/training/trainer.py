@@ -207,6 +207,11 @@ class Trainer(BaseTrainer):
                 max_training_steps=self.max_training_steps, steps_per_epoch=self.steps_per_epoch,
                 num_epochs=self.num_epochs,
             ))
+            cfg = self._model.config
+            if getattr(cfg, "scan_layers", False) and cfg.gradient_checkpointing == "none":
+                logger.warning("model.scan_layers with gradient_checkpointing=none keeps every intermediate of every "
+                               "layer for the backward (Llama-3.2-1B: twice the unrolled step's temporaries); 'dots' "
+                               "or 'dots_and_attention' keep the matmuls and recompute only elementwise work")
 
     def _final_loss(self) -> tuple[int, float] | None:
         """``(step, loss)`` of the last step this invocation trained, or None if it trained none.

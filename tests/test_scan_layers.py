@@ -1,0 +1,147 @@
+"""``model.scan_layers``: the decoder layers stored as one stack and run by ``lax.scan``
+(models/stacked_layers.py) compute what the unrolled layers compute, from the same values,
+compile one layer body whatever the depth, and read and write the per-layer HF tensors."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import scaletrain as st
+from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.models import factory
+from scaletrain.models.config import LlamaConfig
+from scaletrain.models.lora import LoRAConfig, apply_lora
+from scaletrain.models.registry import AutoModelForCausalLM, get_modules_by_type
+from scaletrain.training import steps
+from flash_testing import assert_same_loss_and_grads
+from hf_testing import assert_greedy_generation_matches, assert_logits_match, hf_logits, hf_model, our_logits, save_hf
+
+SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+MOE = dict(num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2)
+
+
+def _model(family: str, scan: bool, dims: tuple[int, ...] = (1, 4, 1, 2, 1), **extra):
+    config_class, module_class = get_modules_by_type(family)
+    config = config_class(**{**SMALL, **extra}, sharding_axis_dims=dims, scan_layers=scan)
+    return factory.create_sharded_model(module_class, config, seed=3)
+
+
+def _unstacked(params: dict) -> dict:
+    """A stacked model's parameter dict in the unrolled layout (``layers.stack.x[i]`` -> ``layers.i.x``)."""
+    layers = params["model"]["layers"]
+    if "stack" not in layers:
+        return params
+    count = jax.tree.leaves(layers["stack"])[0].shape[0]
+    per_layer = {i: jax.tree.map(lambda a, i=i: np.asarray(a[i]), layers["stack"]) for i in range(count)}
+    return {**params, "model": {**params["model"], "layers": per_layer}}
+
+
+def _packed_batch() -> dict:
+    rs = np.random.RandomState(0)
+    ids = rs.randint(1, 96, (8, 24)).astype(np.int32)
+    segments = np.repeat(np.array([[1] * 10 + [2] * 9 + [0] * 5]), 8, axis=0).astype(np.int32)
+    positions = np.concatenate([np.arange(10), np.arange(9), np.zeros(5, int)])[None].repeat(8, 0).astype(np.int32)
+    return {"input_ids": ids, "segment_ids": segments, "positions": positions}
+
+
+def _loss_and_grads(model: nnx.Module, mesh, batch: dict) -> tuple[float, dict]:
+    graphdef, params = nnx.split(model, nnx.Param)
+    grad = jax.jit(jax.value_and_grad(lambda p, b: steps._forward(graphdef, p, b)[0]))
+    with jax.set_mesh(mesh):
+        loss, grads = grad(params, batch)
+    return float(loss), _unstacked(nnx.to_pure_dict(grads))
+
+
+@pytest.mark.parametrize("family,extra,remat", [("llama", {}, "dots"), ("mixtral", MOE, "none")])
+def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(family, extra, remat):
+    """Bit-identical parameters (layer i from fold_in(key, i) either way), on fsdp 4 x tp 2; loss and
+    gradients of packed rows equal to float32 rounding (the scan changes only XLA's fusion of the
+    same arithmetic), MoE router statistics included in the loss."""
+    stacked, mesh = _model(family, True, gradient_checkpointing=remat, **extra)
+    unrolled, _ = _model(family, False, gradient_checkpointing=remat, **extra)
+    got, want = _unstacked(nnx.to_pure_dict(nnx.state(stacked))), nnx.to_pure_dict(nnx.state(unrolled))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    q = nnx.to_pure_dict(nnx.state(stacked))["model"]["layers"]["stack"]["self_attn"]["q_proj"]["kernel"]
+    assert q.shape[0] == stacked.config.num_hidden_layers and q.sharding.spec[0] is None  # the layer axis is never split over devices
+    batch = _packed_batch()
+    assert_same_loss_and_grads(_loss_and_grads(stacked, mesh, batch), _loss_and_grads(unrolled, mesh, batch))
+
+
+def _dots_in_step(layers: int, scan: bool) -> int:
+    config = LlamaConfig(**{**SMALL, "num_hidden_layers": layers}, scan_layers=scan, sharding_axis_dims=(1, 1, 1, 1, 1))
+    graphdef, params = factory.abstract_sharded_model(st.LlamaForCausalLM, config,
+                                                      mesh=factory.mesh_for_config(config, jax.devices()[:1]))
+    batch = {"input_ids": jax.ShapeDtypeStruct((2, 16), jnp.int32)}
+    text = jax.jit(jax.grad(lambda p, b: steps._forward(graphdef, p, b)[0])).lower(params, batch).as_text()
+    return text.count("stablehlo.dot_general")
+
+
+def test_the_step_holds_one_layer_body_whatever_the_depth():
+    """The unrolled forward and backward grow by a layer's matmuls per layer; the scanned one does not."""
+    assert _dots_in_step(2, True) == _dots_in_step(6, True)
+    assert _dots_in_step(6, False) > _dots_in_step(2, False)
+
+
+@pytest.mark.parametrize("family,overrides", [("qwen2", {}), ("mixtral", dict(num_local_experts=4))])
+def test_hugging_face_tensors_in_and_out_of_the_stack(family, overrides, tmp_path):
+    """transformers' per-layer tensors (and per-expert ones: a [layers, experts, in, out] stack) load into the
+    stack, give transformers' logits and greedy tokens, and export back to the same tensors."""
+    torch = pytest.importorskip("torch")
+    ref = hf_model(family, **overrides)
+    folder = save_hf(ref, tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, scan_layers=True)
+    assert model.config.scan_layers and "stack" in nnx.to_pure_dict(nnx.state(model))["model"]["layers"]
+    ids = np.random.RandomState(0).randint(0, 128, (2, 20)).astype(np.int32)
+    assert_logits_match(f"{family}-scan", our_logits(model, ids), hf_logits(ref, ids))
+    assert_greedy_generation_matches(model, ref, new_tokens=6)
+    model.save_pretrained(str(tmp_path / "out"))
+    back = type(ref).from_pretrained(str(tmp_path / "out")).eval()
+    original = ref.state_dict()
+    for name, tensor in back.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def _train(tmp_path, scan: bool, resume: bool = False) -> list[dict]:
+    config = LlamaConfig(**SMALL, scan_layers=scan, gradient_checkpointing="dots")
+    rs = np.random.RandomState(0)
+    data = [{"input_ids": rs.randint(1, 96, 16).tolist()} for _ in range(64)]
+    args = st.TrainingArguments(output_dir=str(tmp_path), total_batch_size=8, max_length=16, max_training_steps=4,
+                                num_train_epochs=None, learning_rate=3e-3, weight_decay=0.1, log_steps=1,
+                                log_grad_norms=True, save_steps=2, resume_if_possible=resume, seed=0)
+    model, _ = factory.create_sharded_model(st.LlamaForCausalLM, config, seed=0)
+    st.Trainer(args, model=model, dataset_train=data).train()
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_with_the_stack_follows_the_unrolled_run(tmp_path):
+    """Four AdamW steps with weight decay (the norms' stacks are not decayed: the rank rule discounts
+    the layer axis) give the unrolled run's losses and per-layer gradient norms."""
+    got, want = _train(tmp_path / "scan", True), _train(tmp_path / "unrolled", False)
+    train = [(g, w) for g, w in zip(got, want) if "loss" in w and "grad_norm/layer_0" in w]
+    assert len(train) == 4
+    for g, w in train:
+        for key in ("loss", "grad_norm", "grad_norm/layer_0", "grad_norm/layer_2"):
+            np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=key)
+
+
+def test_a_checkpoint_restores_only_into_its_own_layout(tmp_path):
+    _train(tmp_path, True)
+    with pytest.raises(CheckpointError, match="scan_layers=True"):
+        _train(tmp_path, False, resume=True)
+
+
+def test_refused_where_the_layers_are_not_one_body():
+    with pytest.raises(ValueError, match="scan_layers"):
+        get_modules_by_type("gemma3_text")[0](**SMALL, scan_layers=True)
+    model, _ = _model("llama", True, dims=(1, -1, 1, 1, 1))
+    with pytest.raises(ConfigError, match="model.scan_layers is not supported with LoRA"):
+        apply_lora(model, LoRAConfig(rank=2))
