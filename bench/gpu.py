@@ -81,7 +81,7 @@ def run_scaletrain(spec: dict[str, Any]) -> dict[str, Any]:
 
     batch, seq, steps, dtype = spec["batch"], spec["seq"], spec["steps"], spec["dtype"]
     cfg = LlamaConfig(**spec["arch"], gradient_checkpointing=spec["remat"], attn_mechanism=spec["attn"],
-                      fp8=spec["fp8"])
+                      fp8=spec["fp8"], scan_layers=spec.get("scan_layers", False))
     model, _ = create_sharded_model(LlamaForCausalLM, cfg, dtype=dtype, param_dtype="float32")
     data = PackedRows(*case_rows(spec))  # one-sequence rows are single_segment: tokens only, plain causal
     marks = set(clock_marks(steps, spec["window"]))
@@ -119,7 +119,7 @@ def run_scaletrain(spec: dict[str, Any]) -> dict[str, Any]:
         "num_params": num_params,
         "info": {"measured_on": f"{device.platform}: {device.device_kind}", "jax": jax.__version__,
                  "dtype": dtype, "param_dtype": "float32", "remat": spec["remat"], "attn_mechanism": spec["attn"],
-                 "fp8": spec["fp8"],
+                 "fp8": spec["fp8"], "scan_layers": spec.get("scan_layers", False),
                  "fused_attention": use_fused_attention(spec["attn"], jax.numpy.dtype(dtype), cfg.head_dim)},
     }
 
@@ -227,6 +227,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto", help="scaletrain's attn_mechanism: auto (cuDNN on GPU), cudnn, xla, "
                                                   "pallas")
     p.add_argument("--fp8", action="store_true", help="scaletrain's FP8 projection matmuls (model.fp8)")
+    p.add_argument("--scan-layers", action="store_true",
+                   help="scaletrain's layers stored stacked and run by lax.scan (model.scan_layers; pair with "
+                        "--remat dots): one layer body to compile")
     p.add_argument("--cached", action="store_true",
                    help="run scaletrain a second time per case on the first run's compilation cache: first_step_cached_s")
     p.add_argument("--torch-python", default=sys.executable, help="interpreter for the contender (default: this one)")
@@ -260,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             batch, seq = a.batch or batch, a.seq or seq
             spec = {"case": name, "arch": arch, "cache_dir": os.path.join(work, f"{name}-jax-cache"), "batch": batch, "seq": seq, "packed": packed,
                     "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS, "steps": steps, "window": window,
-                    "dtype": a.dtype, "remat": a.remat, "attn": a.attn, "fp8": a.fp8,
+                    "dtype": a.dtype, "remat": a.remat, "attn": a.attn, "fp8": a.fp8, "scan_layers": a.scan_layers,
                     "compile": a.contender == "compile"}
             cases[name] = {"batch": batch, "seq": seq, "packed": packed}
             for system in systems:
@@ -305,7 +308,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "contender": a.contender,
         "peak_flops_per_device": peak,
         "config": {"steps": steps, "window": window, "cached": a.cached, "dtype": a.dtype, "param_dtype": "float32", "remat": a.remat,
-                   "attn_mechanism": a.attn, "fp8": a.fp8, "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS},
+                   "attn_mechanism": a.attn, "fp8": a.fp8, "scan_layers": a.scan_layers,
+                   "doc_lengths": TINY_DOC_LENGTHS if a.tiny else DOC_LENGTHS},
         "cases": cases,
         "ratios": ratio_values,
         "ratio_notes": notes,

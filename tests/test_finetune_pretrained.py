@@ -50,9 +50,10 @@ def test_architecture_keys_next_to_pretrained(smollm2_dir):
         assert f"model.{key} (the folder has {theirs})" in message
     assert "tie_word_embeddings" not in message  # equal to the folder's: not a conflict
     assert "examples/chat_sft_smollm2.yaml" in message and "remove these keys" in message
-    # keys equal to the folder's config, and runtime keys, are accepted
+    # keys equal to the folder's config, runtime keys and layout keys are accepted
     same = Recipe.load(EXAMPLE, [f"model.pretrained={smollm2_dir}", "model.hidden_size=576",
-                                 "model.num_hidden_layers=30", "model.gradient_checkpointing=full"])
+                                 "model.num_hidden_layers=30", "model.gradient_checkpointing=full",
+                                 "model.scan_layers=true"])
     check_pretrained_keys(same)
 
 

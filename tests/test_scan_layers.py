@@ -71,7 +71,8 @@ def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(fami
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
     q = nnx.to_pure_dict(nnx.state(stacked))["model"]["layers"]["stack"]["self_attn"]["q_proj"]["kernel"]
-    assert q.shape[0] == stacked.config.num_hidden_layers and q.sharding.spec[0] is None  # the layer axis is never split over devices
+    # the layer axis comes first and is never split over devices
+    assert q.shape[0] == stacked.config.num_hidden_layers and q.sharding.spec[0] is None
     batch = _packed_batch()
     assert_same_loss_and_grads(_loss_and_grads(stacked, mesh, batch), _loss_and_grads(unrolled, mesh, batch))
 

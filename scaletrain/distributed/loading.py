@@ -29,13 +29,15 @@ def runtime_overrides(config_variables: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_hf_model(folder: str, config_variables: dict[str, Any]) -> nnx.Module:
-    """The Hugging Face model in the local ``folder``, on the mesh and with the runtime keys of ``config_variables``."""
+    """The Hugging Face model in the local ``folder``, on the mesh and with the runtime keys of ``config_variables``
+    (and its layout: ``scan_layers`` stacks the layers as they are read)."""
     from scaletrain.models.registry import AutoModelForCausalLM
 
     cv = config_variables
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=cv["dtype"], param_dtype=cv["param_dtype"],
                                                  sharding_axis_dims=cv.get("sharding_axis_dims"),
-                                                 partition_axis=cv.get("partition_axis"), precision=cv.get("precision"))
+                                                 partition_axis=cv.get("partition_axis"), precision=cv.get("precision"),
+                                                 scan_layers=bool(cv.get("scan_layers", False)))
     for key in RUNTIME_KEYS:  # the mesh went to the loader above
         if key in cv:
             setattr(model.config, key, cv[key])

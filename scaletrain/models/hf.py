@@ -148,9 +148,9 @@ def _load_sharded(handles: dict[str, Any], source: Source, target: jax.ShapeDtyp
     """Read one parameter from open safetensors files (``handles`` by tensor) into ``target``'s sharding.
 
     ``source.tensors`` is one HF tensor, or one per entry of the parameter's stacked leading axes
-    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.stacked_layers`). Each addressable device asks for its own
-    index; only that slice is read from the memory-mapped files (a small cache serves
-    replicated devices).
+    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.stacked_layers`).
+    Each addressable device asks for its own index; only that slice is read from the
+    memory-mapped files (a small cache serves replicated devices).
     """
     tensors, transpose, stacked = source
     slices = [handles[t].get_slice(t) for t in tensors]

@@ -40,9 +40,9 @@ from scaletrain.models.attention import (
 )
 from scaletrain.models.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, effective_sliding_window
 from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.dense import Dense, RMSNorm, _init
 from scaletrain.models.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.flash_sharding import sharded_flash_attention, training_mechanism, zigzag_inputs
-from scaletrain.models.fp8 import fp8_layer, fp8_matmul
 from scaletrain.models.layer_stack import build_layers
 from scaletrain.models.remat import run_layer
 from scaletrain.models.stacked_layers import StackedLayers, fold_layers
@@ -50,59 +50,6 @@ from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 
 Array = jax.Array
-
-
-def _init(config: LlamaConfig, scale: float = 1.0) -> Any:
-    return nnx.initializers.normal(stddev=config.initializer_range * scale)
-
-
-class Dense(nnx.Module):
-    """``x @ kernel (+ bias)`` with a [in, out] kernel kept in param_dtype and used in dtype."""
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        axes: tuple[str, str],
-        *,
-        use_bias: bool,
-        config: LlamaConfig,
-        dtype: Any,
-        param_dtype: Any,
-        precision: Any,
-        rngs: nnx.Rngs,
-        init_scale: float = 1.0,
-    ):
-        self.kernel = nnx.Param(
-            _init(config, init_scale)(rngs.params(), (in_features, out_features), param_dtype),
-            logical_axes=axes,
-        )
-        self.bias = (
-            nnx.Param(jnp.zeros((out_features,), param_dtype), logical_axes=(axes[1],)) if use_bias else None
-        )
-        self.dtype = dtype
-        self.precision, self.config, self.axes = precision, config, axes  # config.fp8 is read per call
-
-    def __call__(self, x: Array) -> Array:
-        dot = fp8_matmul if fp8_layer(self.config, self.axes) else matmul
-        y = dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
-        return y
-
-
-class RMSNorm(nnx.Module):
-    """Root-mean-square norm computed in float32 (as transformers does), scaled in float32."""
-
-    def __init__(self, dim: int, eps: float, dtype: Any, param_dtype: Any):
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
-        self.eps = eps
-        self.dtype = dtype
-
-    def __call__(self, x: Array) -> Array:
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (self.weight[...].astype(jnp.float32) * x32).astype(self.dtype)
 
 
 class Attention(nnx.Module):
@@ -376,21 +323,25 @@ class LlamaForCausalLM(nnx.Module):
         return self.compute_logits(self.hidden_states(input_ids, positions, segment_ids, attention_mask))
 
     # -- incremental decoding ---------------------------------------------------
-    def init_cache(self, batch_size: int, max_length: int, dtype: Any = None) -> list[KVCache]:
-        """Empty per-layer key/value caches of ``max_length`` slots (compute dtype by default)."""
+    def init_cache(self, batch_size: int, max_length: int, dtype: Any = None) -> list[KVCache] | KVCache:
+        """Empty per-layer key/value caches of ``max_length`` slots (compute dtype by default): a list,
+        or with stacked layers one cache with a leading layer axis, which the decoding scan reads."""
         cfg = self.config
         shape = (batch_size, max_length, cfg.num_key_value_heads, cfg.head_dim)
         dtype = self.dtype if dtype is None else dtype
+        if isinstance(self.model.layers, StackedLayers):
+            stacked = (cfg.num_hidden_layers, *shape)
+            return KVCache(jnp.zeros(stacked, dtype), jnp.zeros(stacked, dtype))
         return [KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
 
     def forward_with_cache(
         self,
         input_ids: Array,
         positions: Array,
-        cache: list[KVCache],
+        cache: list[KVCache] | KVCache,
         start: Array,
         kv_valid: Array,
-    ) -> tuple[Array, list[KVCache]]:
+    ) -> tuple[Array, list[KVCache] | KVCache]:
         """Final-norm hidden states [B, T, hidden] of tokens written at cache slots ``[start, start+T)``.
 
         Used by :func:`scaletrain.generation.generate` for the prefill (T = prompt
@@ -402,6 +353,10 @@ class LlamaForCausalLM(nnx.Module):
         mask = build_cache_mask(start, input_ids.shape[1], kv_valid, effective_sliding_window(self.config))
         rope = rope_tables(positions, rope_inv_freq(self.config))
         x = self._embed(input_ids)
+        if isinstance(self.model.layers, StackedLayers):
+            x, cache = self.model.layers.scan(lambda layer, h, c: layer.call_with_cache(h, mask, rope, c, start),
+                                              x, cache)
+            return self.model.norm(x), cache
         new_cache = []
         for layer, layer_cache in zip(self.model.layers, cache, strict=True):
             x, layer_cache = layer.call_with_cache(x, mask, rope, layer_cache, start)

@@ -29,7 +29,7 @@ from flax import nnx
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.cpu_dots import matmul
-from scaletrain.models.llama import Dense
+from scaletrain.models.dense import Dense
 from scaletrain.models.lora_config import LoRAConfig
 from scaletrain.models.quantize import dequantize, quantize
 from scaletrain.parallel.partition import shardings_for_state

@@ -37,7 +37,7 @@ from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from scaletrain.models.llama import Dense, _init
+from scaletrain.models.dense import Dense, _init
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes, axis_names
 
 Array = jax.Array

@@ -55,7 +55,7 @@ class StackedLayers(nnx.Module):
         return self.count
 
     def __getitem__(self, index: int) -> nnx.Module:
-        """Layer ``index`` as a module of its own (a slice of every array; used by incremental decoding)."""
+        """Layer ``index`` as a module of its own (a slice of every array)."""
         if not -self.count <= index < self.count:
             raise IndexError(f"layer {index} of {self.count}")
         graphdef, state = nnx.split(self.stack)
@@ -64,10 +64,16 @@ class StackedLayers(nnx.Module):
     def __iter__(self) -> Iterator[nnx.Module]:
         return (self[i] for i in range(self.count))
 
-    def scan(self, step: Callable[[nnx.Module, Carry], tuple[Carry, Any]], carry: Carry) -> tuple[Carry, Any]:
-        """``lax.scan`` of ``step(layer, carry) -> (carry, y)`` over the layers in order; ``y`` stacked."""
+    def scan(self, step: Callable[..., tuple[Carry, Any]], carry: Carry, xs: Any = None) -> tuple[Carry, Any]:
+        """``lax.scan`` of ``step(layer, carry) -> (carry, y)`` over the layers in order, ``y`` stacked;
+        with ``xs`` (stacked over the layers, a key/value cache say) ``step(layer, carry, x)``."""
         graphdef, state = nnx.split(self.stack)
-        return lax.scan(lambda c, layer_state: step(nnx.merge(graphdef, layer_state), c), carry, state)
+
+        def body(c: Carry, layer_and_x: tuple[Any, Any]) -> tuple[Carry, Any]:
+            layer = nnx.merge(graphdef, layer_and_x[0])
+            return step(layer, c) if xs is None else step(layer, c, layer_and_x[1])
+
+        return lax.scan(body, carry, (state, xs))
 
 
 def fold_layers(layers: Any, step: Callable[[nnx.Module, Carry], tuple[Carry, Any]],
