@@ -27,32 +27,69 @@ def load_checkpoint_model(
     ``config_overrides`` replaces runtime keys of the saved config (mesh axes,
     partition axis, remat) so a checkpoint loads onto another mesh; ``dtype`` /
     ``param_dtype`` default to the saved run's.
-    """
-    import jax
-    from flax import nnx
 
+    A full model is restored into an abstract target (shapes, dtypes and shardings,
+    nothing allocated), so the device holds the checkpoint's arrays once, never a
+    freshly initialised copy beside them. A LoRA checkpoint holds only the adapters:
+    its frozen base is built (read from ``lora.base_model``, or initialised from the
+    config, which its digest then checks) and the small adapters restored over it.
+    """
     from scaletrain.arguments import TrainingArguments
-    from scaletrain.models import create_sharded_model, get_modules_by_type
-    from scaletrain.models.registry import AutoModelForCausalLM
-    from scaletrain.training.lora_state import base_record, check_lora_base, with_lora
+    from scaletrain.models import get_modules_by_type
     from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
+    from scaletrain.training.lora_state import base_record, check_lora_base
     from scaletrain.training.optim import make_optimizer, make_schedule
-    from scaletrain.training.state import create_train_state
 
     directory, latest = resolve_checkpoint(path)
     step = latest if step is None else step
     checkpointer = Checkpointer(directory)
-    if step not in checkpointer.all_steps():
-        raise CheckpointError(f"no complete checkpoint for step {step} in {directory}; "
-                              f"available: {checkpointer.all_steps()}")
-    meta = checkpointer.read_meta(step)
-    config_dict = dict(meta["config"])
-    config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
-    config = config_class.from_dict({**config_dict, **(config_overrides or {})})
-    args = TrainingArguments(**meta["arguments"])
-    dtype = dtype if dtype is not None else args.dtype
-    param_dtype = param_dtype if param_dtype is not None else args.param_dtype
-    if args.lora is not None and args.lora.base_model and os.path.isdir(args.lora.base_model):
+    try:
+        if step not in checkpointer.all_steps():
+            raise CheckpointError(f"no complete checkpoint for step {step} in {directory}; "
+                                  f"available: {checkpointer.all_steps()}")
+        meta = checkpointer.read_meta(step)
+        config_dict = dict(meta["config"])
+        config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
+        config = config_class.from_dict({**config_dict, **(config_overrides or {})})
+        args = TrainingArguments(**meta["arguments"])
+        dtype = dtype if dtype is not None else args.dtype
+        param_dtype = param_dtype if param_dtype is not None else args.param_dtype
+        tx = make_optimizer(args, make_schedule(args, max(args.max_training_steps or 1, 1)))
+        if args.lora is None:
+            template = _abstract_template(module_class, config, tx, dtype, param_dtype, precision)
+        else:
+            template = _lora_template(module_class, config, args, tx, dtype, param_dtype, precision)
+        check_lora_base(meta.get("lora"), base_record(template.model, template.frozen), checkpointer.path(step))
+        state, _, _ = checkpointer.restore(step, template)
+    finally:
+        checkpointer.close()
+    return state.model, meta
+
+
+def _abstract_template(module_class: type, config: Any, tx: Any, dtype: Any, param_dtype: Any,
+                       precision: Any) -> Any:
+    """The TrainState of a full model as ``ShapeDtypeStruct`` leaves with their shardings: nothing is initialised."""
+    from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
+    from scaletrain.training.state import abstract_train_state
+
+    mesh = mesh_for_config(config)
+    graphdef, params = abstract_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
+                                              precision=precision, mesh=mesh)
+    return abstract_train_state(graphdef, params, tx, mesh)
+
+
+def _lora_template(module_class: type, config: Any, args: Any, tx: Any, dtype: Any, param_dtype: Any,
+                   precision: Any) -> Any:
+    """A LoRA run's TrainState: the real frozen base (not in the checkpoint) and fresh adapters to restore over."""
+    import jax
+    from flax import nnx
+
+    from scaletrain.models import create_sharded_model
+    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.training.lora_state import with_lora
+    from scaletrain.training.state import create_train_state
+
+    if args.lora.base_model and os.path.isdir(args.lora.base_model):
         model = AutoModelForCausalLM.from_pretrained(args.lora.base_model, dtype=dtype, param_dtype=param_dtype,
                                                      sharding_axis_dims=config.sharding_axis_dims,
                                                      partition_axis=config.partition_axis, precision=precision)
@@ -60,14 +97,9 @@ def load_checkpoint_model(
     else:  # a base trained from scratch is rebuilt from its config (its digest says whether that is it)
         model, mesh = create_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
                                            precision=precision)
-    if args.lora is not None:  # the checkpoint holds the adapters: not the ones an init_from folder has
-        model = with_lora(model, args.lora.model_copy(update={"init_from": None}))
-    tx = make_optimizer(args, make_schedule(args, max(args.max_training_steps or 1, 1)))
-    template = create_train_state(model, tx, mesh, seed=args.seed)
-    check_lora_base(meta.get("lora"), base_record(template.model, template.frozen), checkpointer.path(step))
-    state, _, _ = checkpointer.restore(step, template)
-    checkpointer.close()
-    return state.model, meta
+    # the checkpoint holds the adapters: not the ones an init_from folder has
+    model = with_lora(model, args.lora.model_copy(update={"init_from": None}))
+    return create_train_state(model, tx, mesh, seed=args.seed)
 
 
 def tokenizer_for(meta: dict[str, Any]) -> Any | None:

@@ -54,6 +54,47 @@ def test_export_checkpoint_loads_in_transformers(trained_run, tmp_path):
     assert res.returncode == 2 and (tmp_path / "other" / "precious.txt").read_text() == "keep"
 
 
+def test_checkpoint_is_restored_into_shapes_not_over_a_fresh_model(trained_run):
+    """At no moment of the load does the device hold more than the checkpoint's own state.
+
+    Before, the full model and its optimizer state were initialised and the checkpoint was
+    restored over them: twice the state alive at once. Device bytes are sampled at every
+    JAX monitoring event during the load (tracing, orbax's read start and end...).
+    """
+    import jax
+    from flax import nnx
+
+    from scaletrain.export import load_checkpoint_model
+
+    run, state = trained_run
+    samples: list[int] = []
+
+    def sample(*args, **kwargs):
+        samples.append(sum(x.nbytes for x in jax.live_arrays()))
+
+    mon = jax.monitoring
+    listeners = [(mon.register_event_listener, mon.unregister_event_listener),
+                 (mon.register_event_duration_secs_listener, mon.unregister_event_duration_listener),
+                 (mon.register_scalar_listener, mon.unregister_scalar_listener)]
+    before = sum(x.nbytes for x in jax.live_arrays())
+    for register, _ in listeners:
+        register(sample)
+    try:
+        model, _ = load_checkpoint_model(str(run), 4)
+    finally:
+        for _, unregister in listeners:
+            unregister(sample)
+    saved = sum(x.nbytes for x in jax.tree.leaves((state.step, state.params, state.opt_state, state.rng)))
+    assert samples, "no monitoring event fired during the load: nothing was measured"
+    assert max(samples) - before <= 1.25 * saved, (max(samples) - before, saved)  # before the fix: 2x saved
+    loaded = nnx.to_pure_dict(nnx.state(model))
+    assert jax.tree.structure(loaded) == jax.tree.structure(state.params)
+    for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(state.params)):
+        assert got.sharding.spec == want.sharding.spec
+        assert dict(got.sharding.mesh.shape) == dict(want.sharding.mesh.shape)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_export_of_missing_step_is_a_clear_error(trained_run, tmp_path):
     run, _ = trained_run
     res = _cli("export", str(run), "--checkpoint", "3", "--out", str(tmp_path / "x"))

@@ -15,6 +15,7 @@ from scaletrain.models import (
     TaskType,
     get_modules_by_type,
 )
+from scaletrain.models.options import REMAT_POLICIES
 
 
 def _model(**kw):
@@ -73,7 +74,17 @@ def test_sliding_window_limits_attention(tiny_config_kwargs):
     assert model(x).shape == (1, 10, 128)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_policy_names_have_one_source():
+    """options.REMAT_POLICIES (read by config validation, no JAX) names what remat.POLICIES builds."""
+    from scaletrain.models import options, remat
+
+    assert set(remat.POLICIES) == set(options.REMAT_POLICIES) - {"none"}
+    assert set(options.REMAT.values()) == set(options.REMAT_POLICIES)  # every accepted name runs a built policy
+    for name in options.REMAT_POLICIES:
+        assert options.remat_policy(name) == name
+
+
+@pytest.mark.parametrize("policy", [p for p in REMAT_POLICIES if p != "none"])
 def test_remat_gives_same_gradients(tiny_config_kwargs, policy):
     x = jnp.arange(16).reshape(2, 8) % 128
 

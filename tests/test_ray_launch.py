@@ -8,6 +8,8 @@ inherited: the launcher sets the workers' XLA_FLAGS).
 import json
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -45,6 +47,48 @@ def docs_run(ray_instance, tmp_path_factory):
         yield folder, namespace
     finally:
         os.chdir(old)
+
+
+HOLDER = (  # another launch's driver: it holds the folder's lock as launch_on_ray does, and sleeps
+    "import sys, time\n"
+    "from scaletrain.training.run_lock import acquire_run_lock\n"
+    "acquire_run_lock(sys.argv[1])\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def _snapshot(folder) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_second_launch_on_a_locked_folder_is_refused_before_writing(tmp_path):
+    """The driver takes output_dir's run lock before it writes there: a second launch changes nothing."""
+    import ray
+
+    from scaletrain.distributed.launcher import RAY_DIR, launch_on_ray
+    from scaletrain.errors import ConfigError
+
+    out = tmp_path / "run"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        # what the running launch has written; a stop request the second launch would have cleared
+        (out / RAY_DIR).mkdir()
+        (out / RAY_DIR / "stop-request.json").write_text('{"signal": "SIGTERM"}')
+        (out / "ray_attempts.jsonl").write_text('{"attempt": 1}\n')
+        before, ray_was_up = _snapshot(out), ray.is_initialized()
+        with pytest.raises(ConfigError) as err:
+            launch_on_ray(lambda callbacks: {}, num_workers=2, output_dir=str(out))
+        assert f"pid {child.pid}" in str(err.value) and "in use by another run" in str(err.value)
+        assert _snapshot(out) == before  # nothing written, removed or touched
+        assert ray.is_initialized() == ray_was_up  # refused before Ray was started
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _losses(folder) -> dict[int, float]:

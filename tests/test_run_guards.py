@@ -30,6 +30,7 @@ from scaletrain.recipe import Recipe
 from scaletrain.training.run_lock import (
     LOCK_FILE,
     acquire_run_lock,
+    adopt_run_lock,
     holds_run_lock,
     owner_alive,
     process_start_tick,
@@ -120,6 +121,29 @@ def test_lock_of_a_process_killed_with_sigkill_is_taken_over(tmp_path):
         release_run_lock(lock)
     assert json.loads((out / LOCK_FILE).read_text())["released"] is True
     assert not holds_run_lock(str(out))
+
+
+def test_a_worker_adopts_the_lock_its_launcher_holds_and_no_other(holder):
+    """A Ray driver holds the lock; its workers adopt it by token (their own flock would be refused)."""
+    out, child = holder
+    token = json.loads((out / LOCK_FILE).read_text())["token"]
+    with pytest.raises(ConfigError, match="launcher no longer holds"):
+        adopt_run_lock(str(out), "a-token-of-another-launch")
+    assert not holds_run_lock(str(out))
+    lock = adopt_run_lock(str(out), token)
+    try:
+        assert acquire_run_lock(str(out)) is lock  # the Trainer and run_training hold it again, not refused
+        release_run_lock(lock)
+        assert holds_run_lock(str(out))
+    finally:
+        release_run_lock(lock)
+    assert not holds_run_lock(str(out))
+    record = json.loads((out / LOCK_FILE).read_text())
+    assert record["pid"] == child.pid and record["token"] == token and record["released"] is False  # untouched
+    child.kill()
+    child.wait()
+    with pytest.raises(ConfigError, match=f"launcher no longer holds .*pid {child.pid}"):
+        adopt_run_lock(str(out), token)  # the driver died: its workers must not write on
 
 
 def test_a_recycled_pid_is_not_the_owner():

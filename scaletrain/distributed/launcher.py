@@ -24,6 +24,14 @@ SIGINT to the driver is forwarded to the workers, which checkpoint and stop
 checkpoints it did not write unless ``resume_if_possible`` is set, so every checkpoint
 a restarted worker finds belongs to this run.
 
+One launch per ``output_dir``: the driver takes the folder's run lock before it writes
+anything there and keeps it for the whole launch, restarts included. The workers are
+other processes, which that lock would refuse, so the driver hands its lock's token to
+them and process 0 adopts the lock (it checks the record is still the driver's) rather
+than taking it; the Trainer it runs then holds it re-entrantly. One lock file, one
+owner: a launch, a single-process run and a sweep member on one folder all exclude each
+other, which a second lock file guarding only launches would not do.
+
 :func:`run_recipe` (``scaletrain train``) chooses between this process and Ray here,
 next to the launcher, so that :mod:`scaletrain.run` (what every worker runs) never
 imports :mod:`scaletrain.distributed`: the two import one way only.
@@ -53,6 +61,7 @@ from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
 from scaletrain.training.outputs import read_summary, write_json_atomic
 from scaletrain.training.protocol import TrainerView
+from scaletrain.training.run_lock import acquire_run_lock, adopt_run_lock, release_run_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.recipe import Recipe
@@ -229,16 +238,21 @@ def worker_loop(config: dict[str, Any]) -> None:
     import jax
 
     out, attempt = config["output_dir"], int(config.get("attempt", 1))
-    if rank == 0:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
-            f.write(json.dumps({"started": started, "jax_ready": time.time(), "processes": jax.process_count(),
-                                "devices": jax.device_count(), "attempt": attempt}) + "\n")
-    callbacks = [_report_callback(), _placement_callback(os.path.join(out, RAY_DIR)),
-                 RelayDriverStop(stop_request_path(os.path.join(out, RAY_DIR)))]
-    if attempt > 1:
-        callbacks.append(_restart_marker_callback(attempt))
-    summary = config["job"](callbacks)
+    # the driver holds output_dir's lock; process 0 (the one whose Trainer would take it) adopts it
+    lock = adopt_run_lock(out, config["run_lock_token"]) if jax.process_index() == 0 else None
+    try:
+        if rank == 0:
+            with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
+                f.write(json.dumps({"started": started, "jax_ready": time.time(),
+                                    "processes": jax.process_count(), "devices": jax.device_count(),
+                                    "attempt": attempt}) + "\n")
+        callbacks = [_report_callback(), _placement_callback(os.path.join(out, RAY_DIR)),
+                     RelayDriverStop(stop_request_path(os.path.join(out, RAY_DIR)))]
+        if attempt > 1:
+            callbacks.append(_restart_marker_callback(attempt))
+        summary = config["job"](callbacks)
+    finally:
+        release_run_lock(lock)
     ray.train.report({"finished": 1, "final_step": summary.get("final_step"),
                       "params_sha256": summary.get("params_sha256"),
                       "final_train_loss": summary.get("final_train_loss"),
@@ -352,14 +366,45 @@ def launch_on_ray(
     - SIGTERM / SIGINT to this process (on its main thread) make the workers save a
       checkpoint and stop; the result then has the summary's ``stop_reason``.
     - ``worker_env``: extra environment variables for the workers.
+    - ``output_dir`` is locked (:mod:`scaletrain.training.run_lock`) from before anything
+      is written there until the launch ends, however it ends: a second launch or run on
+      the folder is refused at start. The workers adopt this lock rather than take it.
     """
+    import_ray()
+    if num_workers < 1:
+        raise ConfigError(f"ray.num_workers must be >= 1, got {num_workers}")
+    output_dir = os.path.abspath(output_dir)
+    lock = acquire_run_lock(output_dir)  # before anything is written into output_dir
+    try:
+        return _launch_locked(
+            job, num_workers=num_workers, output_dir=output_dir, lock_token=lock.token, max_failures=max_failures,
+            ray_address=ray_address, resources_per_worker=resources_per_worker, use_gpu=use_gpu,
+            use_tpu=use_tpu, worker_env=worker_env, num_cpus=num_cpus, resume_if_possible=resume_if_possible,
+        )
+    finally:
+        release_run_lock(lock)
+
+
+def _launch_locked(
+    job: Callable[[Sequence[Any]], dict[str, Any]],
+    *,
+    num_workers: int,
+    output_dir: str,
+    lock_token: str,
+    max_failures: int,
+    ray_address: str | None,
+    resources_per_worker: dict[str, float] | None,
+    use_gpu: bool,
+    use_tpu: bool,
+    worker_env: dict[str, str] | None,
+    num_cpus: int | None,
+    resume_if_possible: bool,
+) -> LaunchResult:
+    """:func:`launch_on_ray` once ``output_dir``'s lock is held (its token goes to the workers)."""
     ray = import_ray()
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
 
-    if num_workers < 1:
-        raise ConfigError(f"ray.num_workers must be >= 1, got {num_workers}")
-    output_dir = os.path.abspath(output_dir)
     if not resume_if_possible:
         folder = os.path.join(output_dir, CHECKPOINT_DIR)
         refuse_start_over(folder, step_folders(folder))
@@ -380,7 +425,7 @@ def launch_on_ray(
                 trainer = JaxTrainer(
                     worker_loop,
                     train_loop_config={"job": job, "output_dir": output_dir, "cwd": os.getcwd(),
-                                       "attempt": failures + 1},
+                                       "attempt": failures + 1, "run_lock_token": lock_token},
                     scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, use_tpu=use_tpu,
                                                  resources_per_worker=resources),
                     run_config=RunConfig(

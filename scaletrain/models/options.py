@@ -84,15 +84,19 @@ REFUSED_ATTENTION: dict[str, str] = {
     "autoregressive_decodeattn": "a decoding-only kernel; generation here uses the einsum path",
 }
 
-# accepted gradient_checkpointing value -> the policy models/llama.py applies
+#: the remat policies a decoder layer can run under; :data:`scaletrain.models.remat.POLICIES`
+#: builds each but ``none`` (no remat) and checks at import that it builds exactly these.
+#: The names live here, not there, because config validation reads them and must not import JAX.
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention", "dots_and_attention")
+
+# accepted gradient_checkpointing value -> the policy (one of REMAT_POLICIES) models/llama.py applies:
+# each policy's own name, and EasyDeL's names for the same job
 REMAT: dict[str, str] = {
-    "none": "none", "full": "full", "dots": "dots", "dots_with_no_batch_dims": "dots_with_no_batch_dims",
-    "save_attention": "save_attention", "dots_and_attention": "dots_and_attention",
+    **{name: name for name in REMAT_POLICIES},
     "": "none", "everything_saveable": "none", "nothing_saveable": "full", "checkpoint_dots": "dots",
     "dots_saveable": "dots", "checkpoint_dots_with_no_batch_dims": "dots_with_no_batch_dims",
     "dots_with_no_batch_dims_saveable": "dots_with_no_batch_dims", "selective": "dots_with_no_batch_dims",
 }
-REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention", "dots_and_attention")
 
 
 def _text(value: Any) -> str:

@@ -20,10 +20,12 @@ from flax import nnx
 
 from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL
 from scaletrain.models.flash_attention import ATTENTION_LSE, ATTENTION_OUTPUT
+from scaletrain.models.options import REMAT_POLICIES
 
 _policies = jax.checkpoint_policies
 
-#: policy name -> the jax remat policy (``full``: save nothing)
+#: policy name (:data:`~scaletrain.models.options.REMAT_POLICIES` but ``none``) -> the jax
+#: remat policy (``full``: save nothing)
 POLICIES: dict[str, Any] = {
     "full": None,
     "dots": _policies.save_from_both_policies(
@@ -38,6 +40,9 @@ POLICIES: dict[str, Any] = {
         _policies.checkpoint_dots_with_no_batch_dims,
         _policies.save_only_these_names(MATMUL, ATTENTION_OUTPUT, ATTENTION_LSE)),
 }
+if set(POLICIES) != set(REMAT_POLICIES) - {"none"}:  # a name config accepts must have a policy, and back
+    raise ImportError(f"scaletrain.models.remat.POLICIES builds {sorted(POLICIES)}, but "
+                      f"options.REMAT_POLICIES names {sorted(REMAT_POLICIES)} (all but 'none' must be built)")
 
 
 def run_layer(layer: nnx.Module, policy: str, *args: Any) -> Any:

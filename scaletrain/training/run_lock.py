@@ -14,6 +14,15 @@ refuses, and one left by a dead process (or a recycled pid) is taken over.
 A process may take the lock on the same folder more than once (``run_training`` and the
 ``Trainer`` it builds both do); it is released when the last holder lets go. With several
 JAX processes only process 0 takes it: the others write into the folder on its behalf.
+
+A Ray launch holds the lock in its driver, for the whole launch (restarts of the worker
+group included), so a second launch on the folder is refused before it writes anything.
+Its workers are other processes (on this host or others) and would be refused by that
+flock; the driver hands them its lock's ``token`` and process 0 *adopts* the lock
+(:func:`adopt_run_lock`) instead of taking it: it checks that the record in the file is
+still the driver's, unreleased, and then counts as a holder in its own process, so the
+``Trainer`` and ``run_training`` it runs take the lock re-entrantly. Only the driver's
+flock guards the folder; if the driver dies, the kernel drops it as for any holder.
 """
 
 from __future__ import annotations
@@ -211,10 +220,50 @@ def release_run_lock(lock: RunLock | None) -> None:
         lock.release()
 
 
+def adopt_run_lock(output_dir: str, token: str) -> RunLock:
+    """Hold the lock of ``output_dir`` on behalf of the process that took it with ``token`` (a Ray driver).
+
+    Why not a second flock: the driver's flock would refuse its own workers. Why a token
+    and not a flag: a worker must never write into a folder that another run has taken
+    over (its driver died, a new run took the lock): the record must still be the
+    driver's (same token, not released, owner not known to be dead), else ConfigError.
+    The adopted lock has no file of its own; letting go of it leaves the file alone.
+    """
+    key = os.path.realpath(output_dir)
+    with _registry:
+        lock, count = _held.get(key, (None, 0))
+        if lock is None:
+            lock = RunLock(output_dir)
+            _check_adoptable(lock, token)
+            lock.token = token
+        _held[key] = (lock, count + 1)
+    return lock
+
+
+def _check_adoptable(lock: RunLock, token: str) -> None:
+    """Raise ConfigError unless ``lock.path`` records a live, unreleased hold taken with ``token``."""
+    try:
+        fd = os.open(lock.path, os.O_RDONLY)
+    except OSError as e:
+        raise ConfigError(f"training.output_dir {lock.output_dir}: the launcher's lock {lock.path} cannot be "
+                          f"read ({e.strerror}); every worker must reach output_dir") from None
+    try:
+        record = _read_record(fd)
+    finally:
+        os.close(fd)
+    if record.get("token") != token or record.get("released") or owner_alive(record) is False:
+        state = "released" if record.get("released") else f"held by {describe_owner(record)}"
+        raise ConfigError(
+            f"training.output_dir {lock.output_dir}: this worker's launcher no longer holds the folder's "
+            f"lock ({state}); it stopped or another run took the folder over, so this worker will not write there"
+        )
+
+
 def holds_run_lock(output_dir: str) -> bool:
     """Whether this process holds the lock of ``output_dir``."""
     with _registry:
         return os.path.realpath(output_dir) in _held
 
 
-__all__ = ["LOCK_FILE", "RunLock", "acquire_run_lock", "holds_run_lock", "owner_alive", "release_run_lock"]
+__all__ = ["LOCK_FILE", "RunLock", "acquire_run_lock", "adopt_run_lock", "holds_run_lock", "owner_alive",
+           "release_run_lock"]
