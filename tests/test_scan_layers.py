@@ -5,6 +5,7 @@ compile one layer body whatever the depth, and read and write the per-layer HF t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -43,12 +44,15 @@ def _unstacked(params: dict) -> dict:
     return {**params, "model": {**params["model"], "layers": per_layer}}
 
 
-def _packed_batch() -> dict:
+def _packed_batch(length: int) -> dict:
+    """Rows of two documents (5/12 and 3/8 of the row) and trailing padding."""
+    first, second = 5 * length // 12, 3 * length // 8
+    pad = length - first - second
     rs = np.random.RandomState(0)
-    ids = rs.randint(1, 96, (8, 24)).astype(np.int32)
-    segments = np.repeat(np.array([[1] * 10 + [2] * 9 + [0] * 5]), 8, axis=0).astype(np.int32)
-    positions = np.concatenate([np.arange(10), np.arange(9), np.zeros(5, int)])[None].repeat(8, 0).astype(np.int32)
-    return {"input_ids": ids, "segment_ids": segments, "positions": positions}
+    ids = rs.randint(1, 96, (8, length)).astype(np.int32)
+    segments = np.repeat(np.array([[1] * first + [2] * second + [0] * pad]), 8, axis=0).astype(np.int32)
+    positions = np.concatenate([np.arange(first), np.arange(second), np.zeros(pad, int)])[None].repeat(8, 0)
+    return {"input_ids": ids, "segment_ids": segments, "positions": positions.astype(np.int32)}
 
 
 def _loss_and_grads(model: nnx.Module, mesh, batch: dict) -> tuple[float, dict]:
@@ -59,13 +63,18 @@ def _loss_and_grads(model: nnx.Module, mesh, batch: dict) -> tuple[float, dict]:
     return float(loss), _unstacked(nnx.to_pure_dict(grads))
 
 
-@pytest.mark.parametrize("family,extra,remat", [("llama", {}, "dots"), ("mixtral", MOE, "none")])
-def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(family, extra, remat):
-    """Bit-identical parameters (layer i from fold_in(key, i) either way), on fsdp 4 x tp 2; loss and
-    gradients of packed rows equal to float32 rounding (the scan changes only XLA's fusion of the
+@pytest.mark.parametrize("family,extra,remat,dims", [
+    ("llama", {}, "dots", (1, 4, 1, 2, 1)),
+    ("mixtral", MOE, "none", (1, 4, 1, 2, 1)),
+    # context parallelism: the flash kernel in shard_map, zigzag rows, inside the scanned body
+    ("llama", dict(attn_mechanism="pallas", num_hidden_layers=2), "dots_and_attention", (1, 2, 1, 1, 4)),
+])
+def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(family, extra, remat, dims):
+    """Bit-identical parameters (layer i from fold_in(key, i) either way), on fsdp x tp or fsdp x sp; loss
+    and gradients of packed rows equal to float32 rounding (the scan changes only XLA's fusion of the
     same arithmetic), MoE router statistics included in the loss."""
-    stacked, mesh = _model(family, True, gradient_checkpointing=remat, **extra)
-    unrolled, _ = _model(family, False, gradient_checkpointing=remat, **extra)
+    stacked, mesh = _model(family, True, dims, gradient_checkpointing=remat, **extra)
+    unrolled, _ = _model(family, False, dims, gradient_checkpointing=remat, **extra)
     got, want = _unstacked(nnx.to_pure_dict(nnx.state(stacked))), nnx.to_pure_dict(nnx.state(unrolled))
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
@@ -73,7 +82,7 @@ def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(fami
     q = nnx.to_pure_dict(nnx.state(stacked))["model"]["layers"]["stack"]["self_attn"]["q_proj"]["kernel"]
     # the layer axis comes first and is never split over devices
     assert q.shape[0] == stacked.config.num_hidden_layers and q.sharding.spec[0] is None
-    batch = _packed_batch()
+    batch = _packed_batch(24 if dims[4] == 1 else 32 * dims[4])  # sp: whole 16-token tiles in each zigzag chunk
     assert_same_loss_and_grads(_loss_and_grads(stacked, mesh, batch), _loss_and_grads(unrolled, mesh, batch))
 
 
@@ -123,10 +132,17 @@ def _train(tmp_path, scan: bool, resume: bool = False) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_training_with_the_stack_follows_the_unrolled_run(tmp_path):
+@pytest.fixture(scope="module")
+def stacked_run(tmp_path_factory) -> tuple[str, list[dict]]:
+    """A run folder trained with the stack (checkpoints at steps 2 and 4) and its metrics."""
+    folder = tmp_path_factory.mktemp("stacked_run")
+    return str(folder), _train(folder, True)
+
+
+def test_training_with_the_stack_follows_the_unrolled_run(stacked_run, tmp_path):
     """Four AdamW steps with weight decay (the norms' stacks are not decayed: the rank rule discounts
     the layer axis) give the unrolled run's losses and per-layer gradient norms."""
-    got, want = _train(tmp_path / "scan", True), _train(tmp_path / "unrolled", False)
+    got, want = stacked_run[1], _train(tmp_path, False)
     train = [(g, w) for g, w in zip(got, want) if "loss" in w and "grad_norm/layer_0" in w]
     assert len(train) == 4
     for g, w in train:
@@ -134,10 +150,14 @@ def test_training_with_the_stack_follows_the_unrolled_run(tmp_path):
             np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=key)
 
 
-def test_a_checkpoint_restores_only_into_its_own_layout(tmp_path):
-    _train(tmp_path, True)
+def test_a_checkpoint_restores_only_into_its_own_layout(stacked_run):
+    """Resuming a stacked run unrolled is one CheckpointError naming the saved layout; nothing saved changes."""
+    folder = Path(stacked_run[0])
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
     with pytest.raises(CheckpointError, match="scan_layers=True"):
-        _train(tmp_path, False, resume=True)
+        _train(folder, False, resume=True)
+    after = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".scaletrain.lock"}
+    assert after == {p: t for p, t in before.items() if p.name != ".scaletrain.lock"}
 
 
 def test_refused_where_the_layers_are_not_one_body():
