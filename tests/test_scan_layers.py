@@ -147,7 +147,8 @@ def test_training_with_the_stack_follows_the_unrolled_run(stacked_run, tmp_path)
     assert len(train) == 4
     for g, w in train:
         for key in ("loss", "grad_norm", "grad_norm/layer_0", "grad_norm/layer_2"):
-            np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=key)
+            # the same float32 arithmetic fused differently: measured at most 7e-8 (one ulp) over the 4 steps
+            np.testing.assert_allclose(g[key], w[key], rtol=1e-6, err_msg=key)
 
 
 def test_a_checkpoint_restores_only_into_its_own_layout(stacked_run):
