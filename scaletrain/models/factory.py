@@ -118,7 +118,8 @@ class Initialiser:
     key the layers draw from. Then each group of layers with the same parameter shapes and
     shardings is made by one jitted ``init(key, i)`` (``layers``): compiled once, run once
     per layer. A model that does not build its layers with :func:`layer_stack.build_layers`
-    is made by ``rest`` alone, as a whole. Build it under ``jax.set_mesh(mesh)``.
+    is made by ``rest`` alone, as a whole; so are stacked layers (``scan_layers``), whose one
+    vmapped layer constructor compiles like one layer. Build it under ``jax.set_mesh(mesh)``.
     """
 
     def __init__(self, make: Callable[[], nnx.Module], abstract: dict, shardings: dict, mesh: Mesh):

@@ -128,6 +128,7 @@ class PartitionAxis(ConfigModel):
             "vocab": self.vocab_axis,
             "expert": self.expert_axis,
             "norm": None,
+            "layers": None,  # the leading axis of stacked layers (scan_layers): every device holds every layer
         }
 
 
