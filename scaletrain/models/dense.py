@@ -53,8 +53,13 @@ class Dense(nnx.Module):
         self.dtype = dtype
         self.precision, self.config, self.axes = precision, config, axes  # config.fp8 is read per call
 
+    @property
+    def fp8(self) -> bool:
+        """Whether this layer's matmul runs in FP8 now (read per call: see :func:`fp8_layer`)."""
+        return fp8_layer(self.config, self.axes)
+
     def __call__(self, x: Array) -> Array:
-        dot = fp8_matmul if fp8_layer(self.config, self.axes) else matmul
+        dot = fp8_matmul if self.fp8 else matmul
         y = dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), precision=self.precision)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)

@@ -33,6 +33,7 @@ summation order).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -157,3 +158,25 @@ def fp8_matmul(x: Array, w: Array, precision: Any = None) -> Array:
     lead, k = x.shape[:-1], x.shape[-1]
     y = _fp8_dot(x.reshape(-1, k), w.astype(x.dtype), precision)
     return checkpoint_name(y.reshape(*lead, w.shape[-1]), MATMUL)
+
+
+def glu_product(activation: Callable[[Array], Array], gate: Array, up: Array, recompute: bool) -> Array:
+    """``activation(gate) * up``, the gated MLP's product; with ``recompute`` its backward
+    recomputes ``activation(gate)`` from ``gate`` instead of keeping it from the forward.
+
+    Why (measured compiling the Llama-3.2-1B train step for an H100, ``remat: none``): when
+    the product feeds an FP8 projection, it has two forward consumers (the amax reduction
+    and the quantisation), and XLA materialises ``silu(gate)`` as a second output of the
+    amax fusion; the backward then reads that buffer for ``up``'s cotangent instead of
+    recomputing it, so a bf16 ``[tokens, intermediate]`` array (256 MiB a layer at 16,384
+    tokens) stayed live from each layer's forward to its backward. In bf16 XLA fuses
+    ``silu`` into every consumer and keeps only ``gate``, ``up`` and the product. Under
+    :func:`jax.checkpoint` the backward recomputes it behind an optimisation barrier, so
+    nothing can share the forward's copy: the saved residuals are ``gate`` and ``up``
+    (kept anyway) and the FP8 product. The values are the same; the cost is one more
+    elementwise ``activation`` in the backward, fused into the cotangent's kernels.
+    """
+    def product(g: Array, u: Array) -> Array:
+        return activation(g) * u
+
+    return (jax.checkpoint(product) if recompute else product)(gate, up)

@@ -28,6 +28,7 @@ from jax import lax
 
 from scaletrain.models.attention import KVCache, build_cache_mask, prepare_inputs, rope_inv_freq, rope_tables
 from scaletrain.models.config import LlamaConfig
+from scaletrain.models.fp8 import glu_product
 from scaletrain.models.gemma3_config import FULL, Gemma3TextConfig
 from scaletrain.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
 from scaletrain.models.task import TaskType
@@ -49,11 +50,16 @@ class GemmaRMSNorm(RMSNorm):
         return (x32 * (1.0 + self.weight[...].astype(jnp.float32))).astype(self.dtype)
 
 
+def _gelu_tanh(x: Array) -> Array:
+    """gelu with the tanh approximation, Gemma's gate activation."""
+    return jax.nn.gelu(x, approximate=True)
+
+
 class GeGLU(MLP):
     """``down(gelu_tanh(gate(x)) * up(x))``: the SwiGLU projections with Gemma's activation."""
 
     def __call__(self, x: Array) -> Array:
-        return self.down_proj(jax.nn.gelu(self.gate_proj(x), approximate=True) * self.up_proj(x))
+        return self.down_proj(glu_product(_gelu_tanh, self.gate_proj(x), self.up_proj(x), self.down_proj.fp8))
 
 
 class Gemma3Attention(Attention):

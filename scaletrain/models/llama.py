@@ -43,6 +43,7 @@ from scaletrain.models.cpu_dots import matmul
 from scaletrain.models.dense import Dense, RMSNorm, _init
 from scaletrain.models.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.flash_sharding import sharded_flash_attention, training_mechanism, zigzag_inputs
+from scaletrain.models.fp8 import glu_product
 from scaletrain.models.layer_stack import build_layers
 from scaletrain.models.remat import run_layer
 from scaletrain.models.stacked_layers import StackedLayers, fold_layers
@@ -155,7 +156,7 @@ class MLP(nnx.Module):
         self.down_proj = Dense(i, h, ("mlp", "embed"), use_bias=config.mlp_bias, **kw)
 
     def __call__(self, x: Array) -> Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(glu_product(jax.nn.silu, self.gate_proj(x), self.up_proj(x), self.down_proj.fp8))
 
 
 class DecoderLayer(nnx.Module):
