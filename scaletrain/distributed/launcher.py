@@ -56,11 +56,16 @@ from scaletrain.distributed.driver_stop import (
     stop_request_path,
 )
 from scaletrain.distributed.failures import exhausted_error, root_cause, user_error_in
+from scaletrain.distributed.worker_callbacks import (
+    PLACEMENT_FILE,
+    placement_callback,
+    report_callback,
+    restart_marker_callback,
+)
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
-from scaletrain.training.outputs import read_summary, write_json_atomic
-from scaletrain.training.protocol import TrainerView
+from scaletrain.training.outputs import read_summary
 from scaletrain.training.run_lock import acquire_run_lock, adopt_run_lock, release_run_lock
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,7 +75,6 @@ logger = logging.getLogger("scaletrain")
 
 ATTEMPTS_FILE = "ray_attempts.jsonl"
 RAY_DIR = "ray"  # under output_dir: Ray Train's run state (RunConfig name) and the placement records
-PLACEMENT_FILE = "placement-{rank}.json"
 
 
 # ---- jobs: what every worker runs ----------------------------------------------------
@@ -137,72 +141,6 @@ def run_recipe(recipe: Recipe) -> dict[str, Any]:
     return result.summary
 
 
-def _report_callback() -> Any:
-    from scaletrain.training.callbacks import Callback
-
-    class RayReport(Callback):
-        """``ray.train.report`` of each logged train record (all ranks call it: it is a barrier)."""
-
-        def post_step(self, trainer: TrainerView, step: int, metrics: Any) -> None:
-            record = trainer.last_train_metrics
-            if record.get("step") == step:
-                import ray.train
-
-                ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float, str))})
-
-    return RayReport()
-
-
-def _placement_callback(folder: str) -> Any:
-    from scaletrain.training.callbacks import Callback
-
-    class RecordPlacement(Callback):
-        """Write ``placement-<rank>.json``: the mesh's processes and how the parameters are spread.
-
-        Why: a run that silently trained N replicas instead of one sharded model looks
-        fine from its losses; this file shows the state really spans the processes.
-        """
-
-        def post_init(self, trainer: TrainerView) -> None:
-            import jax
-
-            leaves = jax.tree.leaves(trainer.model_state.params)
-            sharded = [x for x in leaves if not x.sharding.is_fully_replicated]
-            record = {
-                "pid": os.getpid(),
-                "process_index": jax.process_index(),
-                "process_count": jax.process_count(),
-                "local_devices": jax.local_device_count(),
-                "global_devices": jax.device_count(),
-                "mesh": dict(trainer.mesh.shape),
-                "mesh_processes": sorted({int(d.process_index) for d in trainer.mesh.devices.flat}),
-                "params": len(leaves),
-                "sharded_params": len(sharded),
-                "fully_addressable_sharded_params": sum(bool(x.is_fully_addressable) for x in sharded),
-            }
-            os.makedirs(folder, exist_ok=True)
-            write_json_atomic(os.path.join(folder, PLACEMENT_FILE.format(rank=jax.process_index())), record)
-
-    return RecordPlacement()
-
-
-def _restart_marker_callback(attempt: int) -> Any:
-    from scaletrain.training.callbacks import Callback
-
-    class MarkRestart(Callback):
-        """One ``metrics.jsonl`` record where a restarted group resumed, before the steps it redoes.
-
-        Why: the steps after the checkpoint were logged by the failed attempt and are
-        logged again; readers keep the later record of a step (``plot.read_metrics``).
-        """
-
-        def pre_train(self, trainer: TrainerView, state: Any) -> None:
-            step = trainer.global_step
-            trainer.write_metrics({"step": step, "split": "restart", "resumed_from_step": step, "attempt": attempt})
-
-    return MarkRestart()
-
-
 # ---- inside a worker -------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -246,10 +184,10 @@ def worker_loop(config: dict[str, Any]) -> None:
                 f.write(json.dumps({"started": started, "jax_ready": time.time(),
                                     "processes": jax.process_count(), "devices": jax.device_count(),
                                     "attempt": attempt}) + "\n")
-        callbacks = [_report_callback(), _placement_callback(os.path.join(out, RAY_DIR)),
+        callbacks = [report_callback(), placement_callback(os.path.join(out, RAY_DIR)),
                      RelayDriverStop(stop_request_path(os.path.join(out, RAY_DIR)))]
         if attempt > 1:
-            callbacks.append(_restart_marker_callback(attempt))
+            callbacks.append(restart_marker_callback(attempt))
         summary = config["job"](callbacks)
     finally:
         release_run_lock(lock)
