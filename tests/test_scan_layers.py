@@ -167,3 +167,18 @@ def test_refused_where_the_layers_are_not_one_body():
     model, _ = _model("llama", True, dims=(1, -1, 1, 1, 1))
     with pytest.raises(ConfigError, match="model.scan_layers is not supported with LoRA"):
         apply_lora(model, LoRAConfig(rank=2))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_device_reads_only_its_block_of_a_layers_by_experts_stack(transpose):
+    """``read_stacked_block`` over two stacked axes (layers x experts, row-major tensors) gives the block of
+    the whole stacked array, for a block that cuts every axis, reading only that block from each tensor."""
+    from scaletrain.models.hf_experts import read_stacked_block
+
+    rs = np.random.RandomState(0)
+    whole = rs.randn(3, 4, 6, 10).astype(np.float32)  # [layers, experts, in, out]
+    tensors = [whole[l, e].T if transpose else whole[l, e] for l in range(3) for e in range(4)]
+    index = (slice(1, 3), slice(2, 4), slice(0, 3), slice(5, 10))
+    got = read_stacked_block(tensors, index, whole.shape, transpose, lead=2)
+    np.testing.assert_array_equal(got, whole[index])
+    np.testing.assert_array_equal(read_stacked_block(tensors, (), whole.shape, transpose, lead=2), whole)
