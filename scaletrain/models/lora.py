@@ -56,6 +56,11 @@ class LoRADense(Dense):
     means no adapter (a quantised layer that is not a target).
     """
 
+    @property
+    def fp8(self) -> bool:
+        """Never: an adapted layer's dots are not FP8 (``model.fp8`` with LoRA is refused by :func:`apply_lora`)."""
+        return False
+
     def __init__(self, base: Dense, *, rank: int, scaling: float, quant: str | None, block_size: int,
                  key: jax.Array):
         kernel = base.kernel
