@@ -18,7 +18,7 @@ parameter's rank (weight decay on matrices) discount the layer axis (:func:`stac
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import jax
@@ -50,19 +50,6 @@ class StackedLayers(nnx.Module):
                 axes = node.get_metadata().get("logical_axes")
                 if axes is not None:
                     node.set_metadata(logical_axes=(LAYER_AXIS, *axes))
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> nnx.Module:
-        """Layer ``index`` as a module of its own (a slice of every array)."""
-        if not -self.count <= index < self.count:
-            raise IndexError(f"layer {index} of {self.count}")
-        graphdef, state = nnx.split(self.stack)
-        return nnx.merge(graphdef, jax.tree.map(lambda a: a[index], state))
-
-    def __iter__(self) -> Iterator[nnx.Module]:
-        return (self[i] for i in range(self.count))
 
     def scan(self, step: Callable[..., tuple[Carry, Any]], carry: Carry, xs: Any = None) -> tuple[Carry, Any]:
         """``lax.scan`` of ``step(layer, carry) -> (carry, y)`` over the layers in order, ``y`` stacked;
