@@ -92,7 +92,8 @@ def _lora_template(module_class: type, config: Any, args: Any, tx: Any, dtype: A
     if args.lora.base_model and os.path.isdir(args.lora.base_model):
         model = AutoModelForCausalLM.from_pretrained(args.lora.base_model, dtype=dtype, param_dtype=param_dtype,
                                                      sharding_axis_dims=config.sharding_axis_dims,
-                                                     partition_axis=config.partition_axis, precision=precision)
+                                                     partition_axis=config.partition_axis, precision=precision,
+                                                     scan_layers=getattr(config, "scan_layers", False))
         mesh = jax.tree.leaves(nnx.state(model))[0].sharding.mesh
     else:  # a base trained from scratch is rebuilt from its config (its digest says whether that is it)
         model, mesh = create_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,

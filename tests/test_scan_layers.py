@@ -17,7 +17,6 @@ import scaletrain as st
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.models import factory
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.lora import LoRAConfig, apply_lora
 from scaletrain.models.registry import AutoModelForCausalLM, get_modules_by_type
 from scaletrain.training import steps
 from flash_testing import assert_same_loss_and_grads
@@ -166,9 +165,6 @@ def test_a_checkpoint_restores_only_into_its_own_layout(stacked_run):
 def test_refused_where_the_layers_are_not_one_body():
     with pytest.raises(ValueError, match="scan_layers"):
         get_modules_by_type("gemma3_text")[0](**SMALL, scan_layers=True)
-    model, _ = _model("llama", True, dims=(1, -1, 1, 1, 1))
-    with pytest.raises(ConfigError, match="model.scan_layers is not supported with LoRA"):
-        apply_lora(model, LoRAConfig(rank=2))
 
 
 @pytest.mark.parametrize("transpose", [False, True])

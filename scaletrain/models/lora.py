@@ -14,6 +14,12 @@ frozen base with one ``nnx.split``: the trainer differentiates and optimises onl
 part, and checkpoints hold only it (the base is named and digested instead).
 Parameter paths stay those of the base (``model.layers.0.self_attn.q_proj.kernel``),
 so the HF export, partition rules and loaders see the model they know.
+
+With ``model.scan_layers`` a targeted projection of the stack is one ``LoRADense`` whose
+arrays carry the layer axis first (``lora_a`` [L, in, r], ``lora_b`` [L, r, out], codes
+[L, ...]); the scanned body sees one layer's slice, the 2-D layer above. Targets are
+chosen, and adapters drawn, per unrolled path (``model.layers.<i>.<rest>``), so a stacked
+model gets the unrolled model's adapters, value for value.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from scaletrain.models.cpu_dots import matmul
 from scaletrain.models.dense import Dense
 from scaletrain.models.lora_config import LoRAConfig
 from scaletrain.models.quantize import dequantize, quantize
+from scaletrain.models.stacked_layers import LAYER_AXIS, per_layer_names
 from scaletrain.parallel.partition import shardings_for_state
 
-__all__ = ["LoRAConfig", "LoRADense", "LoRAParam", "QuantizedWeight", "apply_lora", "dense_layers",
-           "lora_config_of", "merge_lora", "split_trainable", "target_paths", "trainable_count"]
+__all__ = ["LoRAConfig", "LoRADense", "LoRAParam", "QuantizedWeight", "apply_lora", "dense_layers", "linear_paths",
+           "lora_config_of", "merge_lora", "split_trainable", "target_paths", "trainable_count", "unrolled_paths"]
 
 #: Linear layers that never get an adapter or a quantised weight (PEFT's all-linear skips the output layer).
 OUTPUT_LAYER = "lm_head"
@@ -63,9 +70,10 @@ class LoRADense(Dense):
 
     def __init__(self, base: Dense, *, rank: int, scaling: float, quant: str | None, block_size: int,
                  key: jax.Array):
+        """``key``: one key, or for a stacked layer (kernel [L, in, out]) one per layer, shape [L]."""
         kernel = base.kernel
         axes = tuple(kernel.get_metadata()["logical_axes"])
-        n_in, n_out = kernel.shape
+        *lead, n_in, n_out = kernel.shape
         self.bias, self.dtype, self.precision = base.bias, base.dtype, base.precision
         self.quant, self.rank, self.scaling = quant, rank, scaling
         self.base_dtype = jnp.dtype(kernel.dtype)
@@ -76,26 +84,30 @@ class LoRADense(Dense):
             if n_in % block_size:
                 raise ConfigError(f"lora.block_size={block_size} does not divide the input size {n_in} of a "
                                   f"{axes} layer; pick a block size that divides every linear layer's input")
-            codes, absmax = quantize(kernel[...], kind=quant, block_size=block_size)
+            codes, absmax = _per_layer(lambda w: quantize(w, kind=quant, block_size=block_size), len(lead))(
+                kernel[...])
             self.kernel = None
             self.kernel_codes = QuantizedWeight(codes, logical_axes=axes)
             self.kernel_absmax = QuantizedWeight(absmax, logical_axes=axes)
         if rank:
             bound = 1.0 / math.sqrt(n_in)
-            self.lora_a = LoRAParam(jax.random.uniform(key, (n_in, rank), jnp.float32, -bound, bound),
-                                    logical_axes=(axes[0], None))
-            self.lora_b = LoRAParam(jnp.zeros((rank, n_out), jnp.float32), logical_axes=(None, axes[1]))
+            draw = _per_layer(lambda k: jax.random.uniform(k, (n_in, rank), jnp.float32, -bound, bound), len(lead))
+            self.lora_a = LoRAParam(draw(key), logical_axes=(*axes[:-1], None))
+            self.lora_b = LoRAParam(jnp.zeros((*lead, rank, n_out), jnp.float32),
+                                    logical_axes=(*axes[:-2], None, axes[-1]))
         else:
             self.lora_a = self.lora_b = None
 
     def base_kernel(self) -> jax.Array:
-        """The frozen kernel [in, out] (dequantised for QLoRA) in its stored dtype."""
+        """The frozen kernel [in, out] ([L, in, out] stacked; dequantised for QLoRA) in its stored dtype."""
         if self.kernel is not None:
             return self.kernel[...]
-        return dequantize(self.kernel_codes[...], self.kernel_absmax[...], self.quant, self.base_dtype)
+        codes = self.kernel_codes[...]
+        return _per_layer(lambda c, a: dequantize(c, a, self.quant, self.base_dtype), codes.ndim - 2)(
+            codes, self.kernel_absmax[...])
 
     def delta(self) -> jax.Array:
-        """``scaling * A @ B`` [in, out] in float32: what merging adds to the kernel."""
+        """``scaling * A @ B`` [in, out] ([L, in, out] stacked) in float32: what merging adds to the kernel."""
         return self.scaling * (self.lora_a[...].astype(jnp.float32) @ self.lora_b[...].astype(jnp.float32))
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -107,6 +119,13 @@ class LoRADense(Dense):
             return y
         low = matmul(x, self.lora_a[...].astype(self.dtype), precision=self.precision)
         return y + self.scaling * matmul(low, self.lora_b[...].astype(self.dtype), precision=self.precision)
+
+
+def _per_layer(fn: Any, lead: int) -> Any:
+    """``fn`` of one layer's arrays mapped over ``lead`` leading (layer) axes."""
+    for _ in range(lead):
+        fn = jax.vmap(fn)
+    return fn
 
 
 def lora_config_of(model: nnx.Module) -> LoRAConfig | None:
@@ -122,6 +141,18 @@ def dense_layers(model: nnx.Module) -> list[tuple[str, nnx.Module, Any, Dense]]:
             if isinstance(child, Dense):
                 found.append((".".join(str(p) for p in (*path, key)), module, key, child))
     return sorted(found, key=lambda item: _natural(item[0]))
+
+
+def unrolled_paths(path: str, layer: Dense) -> tuple[str, ...]:
+    """The per-layer paths one Dense stands for: ``model.layers.<i>.<rest>`` for each layer of a
+    ``scan_layers`` stack (``model.layers.stack.<rest>``), else the path itself."""
+    kernel = layer.kernel if layer.kernel is not None else layer.kernel_codes
+    return per_layer_names(path, kernel.shape[0]) or (path,)
+
+
+def linear_paths(model: nnx.Module) -> list[str]:
+    """Every linear layer's path as the unrolled model names it, in its order (what PEFT's paths are)."""
+    return sorted((p for path, _, _, layer in dense_layers(model) for p in unrolled_paths(path, layer)), key=_natural)
 
 
 def _natural(path: str) -> list[Any]:
@@ -140,8 +171,8 @@ def _is_target(path: str, targets: tuple[str, ...] | str) -> bool:
 
 
 def target_paths(model: nnx.Module, config: LoRAConfig) -> list[str]:
-    """The dotted paths of the linear layers ``config.target_modules`` selects (ConfigError if none)."""
-    layers = [path for path, *_ in dense_layers(model)]
+    """The (unrolled) paths of the linear layers ``config.target_modules`` selects (ConfigError if none)."""
+    layers = linear_paths(model)
     chosen = [p for p in layers if _is_target(p, config.target_modules)]
     head = [p for p in layers if p.split(".")[-1] == OUTPUT_LAYER]
     if head and not isinstance(config.target_modules, str) and OUTPUT_LAYER in config.target_modules:
@@ -159,24 +190,31 @@ def apply_lora(model: nnx.Module, config: LoRAConfig) -> nnx.Module:
 
     The new arrays are placed by the model's partition rules on the mesh its parameters
     live on (adapters: A sharded like the kernel's input axis, B like its output axis).
+    Adapter ``i`` of the unrolled model (its :func:`linear_paths` order) draws from
+    ``fold_in(key(seed), i)``, in either layout.
     """
     if lora_config_of(model) is not None:
         raise ConfigError("this model already has LoRA adapters; build a fresh base model to apply another config")
     if getattr(getattr(model, "config", None), "fp8", False):  # LoRADense's dots are not FP8: refuse, not mix
         raise ConfigError("model.fp8 is not supported with LoRA/QLoRA (the adapted layers would not run in FP8); "
                           "set model.fp8: false or train without the lora section")
-    if getattr(getattr(model, "config", None), "scan_layers", False):  # adapters would need a layer axis too
-        raise ConfigError("model.scan_layers is not supported with LoRA/QLoRA (the adapters are per layer); "
-                          "set model.scan_layers: false or train without the lora section")
     targets = set(target_paths(model, config))
+    index = {p: i for i, p in enumerate(linear_paths(model))}
     key = jax.random.key(config.seed)
-    for i, (path, parent, name, layer) in enumerate(dense_layers(model)):
+    for path, parent, name, layer in dense_layers(model):
+        per_layer = unrolled_paths(path, layer)
+        chosen = [p in targets for p in per_layer]
+        if any(chosen) and not all(chosen):  # one stacked array cannot hold adapters for some layers only
+            raise ConfigError(f"lora.target_modules={config.target_modules!r} selects {path.rsplit('.', 1)[-1]} in "
+                              f"some layers only, which model.scan_layers cannot hold (one array for all layers); "
+                              "target every layer, or set model.scan_layers: false")
         is_head = path.split(".")[-1] == OUTPUT_LAYER
         quant = None if is_head else config.quantize
-        if path not in targets and quant is None:
+        if not all(chosen) and quant is None:
             continue
-        new = LoRADense(layer, rank=config.rank if path in targets else 0, scaling=config.scaling, quant=quant,
-                        block_size=config.block_size, key=jax.random.fold_in(key, i))
+        keys = [jax.random.fold_in(key, index[p]) for p in per_layer]
+        new = LoRADense(layer, rank=config.rank if all(chosen) else 0, scaling=config.scaling, quant=quant,
+                        block_size=config.block_size, key=jnp.stack(keys) if per_layer != (path,) else keys[0])
         setattr(parent, name, new)
     model.lora_config = config
     if config.base_dtype is not None:
@@ -212,7 +250,7 @@ def _trainable_var(config: LoRAConfig, var: nnx.Variable) -> bool:
     axes = tuple(var.get_metadata().get("logical_axes") or ())
     if config.train_embeddings and "vocab" in axes:
         return True
-    return config.train_norms and axes == ("norm",)
+    return config.train_norms and axes in (("norm",), (LAYER_AXIS, "norm"))  # a norm, or a stack of them
 
 
 def split_trainable(model: nnx.Module) -> tuple[Any, Any, Any]:
@@ -235,12 +273,13 @@ def trainable_count(model: nnx.Module) -> int:
 
 
 def _plain_dense(layer: LoRADense, kernel: jax.Array, model: nnx.Module) -> Dense:
-    """A ``Dense`` holding ``kernel`` (built abstractly, so no random kernel is ever allocated)."""
+    """A ``Dense`` holding ``kernel`` [in, out] or a stack's [L, in, out] (built abstractly, so no random
+    kernel is ever allocated; a stacked layer's own ``axes`` are one layer's, as the stack built them)."""
     axes = tuple(layer.kernel_codes.get_metadata()["logical_axes"]) if layer.kernel is None else \
         tuple(layer.kernel.get_metadata()["logical_axes"])
-    dense = nnx.eval_shape(lambda: Dense(kernel.shape[0], kernel.shape[1], axes, use_bias=False, config=model.config,
-                                         dtype=layer.dtype, param_dtype=kernel.dtype, precision=layer.precision,
-                                         rngs=nnx.Rngs(0)))
+    dense = nnx.eval_shape(lambda: Dense(kernel.shape[-2], kernel.shape[-1], axes[-2:], use_bias=False,
+                                         config=model.config, dtype=layer.dtype, param_dtype=kernel.dtype,
+                                         precision=layer.precision, rngs=nnx.Rngs(0)))
     dense.kernel = nnx.Param(kernel, logical_axes=axes)
     dense.bias = layer.bias
     return dense

@@ -6,6 +6,8 @@ training here. The mapping is mechanical: our ``lora_a`` [in, r] is PEFT's
 ``base_model.model.<path>.lora_A.weight`` [r, in], ``lora_b`` [r, out] its
 ``lora_B.weight`` [out, r]; embeddings / norms trained in full are PEFT's
 ``modules_to_save`` and saved under their HF names (``base_model.model.<hf name>``).
+A ``scan_layers`` model's stacked adapters ([L, in, r]) are the L per-layer tensors PEFT
+names ``model.layers.<i>.…``, split on the way out and stacked on the way in.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from scaletrain.models.hf import hf_tensor_name
 from scaletrain.models.lora import (
     LoRAConfig,
     apply_lora,
-    dense_layers,
+    linear_paths,
     lora_config_of,
     split_trainable,
     target_paths,
 )
+from scaletrain.models.stacked_layers import per_layer_names
 from scaletrain.parallel.host import to_host
 
 logger = logging.getLogger("scaletrain")
@@ -47,19 +50,27 @@ def peft_target_modules(model: nnx.Module, config: LoRAConfig) -> list[str]:
     """Short names (``q_proj``) when they pick exactly our targets in PEFT too, else the full paths."""
     chosen = target_paths(model, config)
     names = {p.rsplit(".", 1)[-1] for p in chosen}
-    same_names = [p for p, *_ in dense_layers(model) if p.rsplit(".", 1)[-1] in names]
+    same_names = [p for p in linear_paths(model) if p.rsplit(".", 1)[-1] in names]
     return sorted(names) if sorted(same_names) == sorted(chosen) else chosen
 
 
 def _full_modules(trainable: Any) -> list[str]:
     """The module names (``embed_tokens``, ``norm``, …) whose parameters are trained in full."""
     names = set()
-    for path, _ in jax.tree_util.tree_flatten_with_path(trainable)[0]:
-        dotted = _dotted(path)
-        if not dotted.endswith((".lora_a", ".lora_b")):
-            hf_name, _ = hf_tensor_name(dotted)
-            names.add(hf_name.rsplit(".", 2)[-2])
+    for path, leaf in jax.tree_util.tree_flatten_with_path(trainable)[0]:
+        for name, _, _ in _peft_tensors(_dotted(path), tuple(leaf.shape)):
+            if not name.endswith((".lora_A.weight", ".lora_B.weight")):
+                names.add(name.rsplit(".", 2)[-2])
     return sorted(names)
+
+
+def _peft_tensors(dotted: str, shape: tuple[int, ...]) -> list[tuple[str, bool, int | None]]:
+    """``(PEFT tensor name, transpose?, layer)`` for each tensor our parameter ``dotted`` holds: one
+    (layer None), or one per layer of a ``scan_layers`` stack (layer ``i``: the parameter's ``[i]``)."""
+    layers = per_layer_names(dotted, shape[0]) if shape else None
+    if layers is None:
+        return [(*expected_name(dotted), None)]
+    return [(*expected_name(name), i) for i, name in enumerate(layers)]
 
 
 def adapter_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
@@ -67,9 +78,10 @@ def adapter_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
     _, trainable, _ = split_trainable(model)
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(trainable)[0]:
-        name, transpose = expected_name(_dotted(path))
         host = np.asarray(to_host(leaf), np.float32)
-        out[name] = np.ascontiguousarray(host.T if transpose else host)
+        for name, transpose, layer in _peft_tensors(_dotted(path), tuple(leaf.shape)):
+            part = host if layer is None else host[layer]
+            out[name] = np.ascontiguousarray(part.T if transpose else part)
     return out
 
 
@@ -175,11 +187,17 @@ def load_adapter_weights(model: nnx.Module, folder: str | os.PathLike) -> nnx.Mo
     flat, treedef = jax.tree_util.tree_flatten_with_path(trainable)
     leaves = []
     for path, leaf in flat:
-        name, transpose = expected_name(_dotted(path))
-        value = tensors[name].T if transpose else tensors[name]
-        if value.shape != leaf.shape:
-            raise CheckpointError(f"{weights_path}: {name} has shape {value.shape[::-1] if transpose else value.shape}"
-                                  f", this model needs {leaf.shape[::-1] if transpose else leaf.shape}")
+        entries = _peft_tensors(_dotted(path), tuple(leaf.shape))
+        want = tuple(leaf.shape[1:] if entries[0][2] is not None else leaf.shape)  # one layer's shape if stacked
+        parts = []
+        for name, transpose, _ in entries:
+            value = tensors[name].T if transpose else tensors[name]
+            if value.shape != want:
+                raise CheckpointError(f"{weights_path}: {name} has shape "
+                                      f"{value.shape[::-1] if transpose else value.shape}, this model needs "
+                                      f"{want[::-1] if transpose else want}")
+            parts.append(value)
+        value = parts[0] if entries[0][2] is None else np.stack(parts)
         leaves.append(jax.device_put(jnp.asarray(value, leaf.dtype), leaf.sharding))
     nnx.update(model, jax.tree_util.tree_unflatten(treedef, leaves))
     return model
@@ -195,4 +213,7 @@ def expected_name(dotted: str) -> tuple[str, bool]:
 
 
 def adapter_tensors_shapes(trainable: Any) -> dict[str, tuple[int, ...]]:
-    return {expected_name(_dotted(p))[0]: tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(trainable)[0]}
+    """Every PEFT tensor name the adapters ``trainable`` fill, with our (one layer's) shape for it."""
+    return {name: tuple(x.shape[0 if layer is None else 1:])
+            for p, x in jax.tree_util.tree_flatten_with_path(trainable)[0]
+            for name, _, layer in _peft_tensors(_dotted(p), tuple(x.shape))}
