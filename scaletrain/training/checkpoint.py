@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 from scaletrain.errors import CheckpointError
+from scaletrain.key_paths import dotted
 from scaletrain.training.storage import no_room
 
 logger = logging.getLogger("scaletrain")
@@ -50,8 +51,7 @@ def _shape_of(leaf: Any) -> tuple[int, ...] | None:
 
 def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...] | None]:
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path): _shape_of(leaf)
-            for path, leaf in flat}
+    return {dotted(path): _shape_of(leaf) for path, leaf in flat}
 
 
 def _sync(name: str) -> None:
