@@ -1,8 +1,11 @@
 """Load a model from a training checkpoint, and export it as a Hugging Face folder.
 
 The checkpoint's metadata carries the model config and the arguments, so the
-exact model and optimizer structure are rebuilt before the restore; nothing else
-about the original run (its data, its recipe file) needs to exist.
+exact model structure is rebuilt before the restore; nothing else about the original
+run (its data, its recipe file) needs to exist. Only the parameters are read
+(:meth:`~scaletrain.training.checkpoint.Checkpointer.restore_params`): the optimizer
+state, twice the parameters' bytes with AdamW, is never built or read, so a model whose
+parameters fit on a device exports from it.
 """
 
 from __future__ import annotations
@@ -28,17 +31,17 @@ def load_checkpoint_model(
     partition axis, remat) so a checkpoint loads onto another mesh; ``dtype`` /
     ``param_dtype`` default to the saved run's.
 
-    A full model is restored into an abstract target (shapes, dtypes and shardings,
-    nothing allocated), so the device holds the checkpoint's arrays once, never a
-    freshly initialised copy beside them. A LoRA checkpoint holds only the adapters:
-    its frozen base is built (read from ``lora.base_model``, or initialised from the
-    config, which its digest then checks) and the small adapters restored over it.
+    A full model's parameters are restored into an abstract target (shapes, dtypes
+    and shardings, nothing allocated), so the device holds the checkpoint's parameters
+    once, never a freshly initialised copy beside them, and never the optimizer state
+    saved with them. A LoRA checkpoint holds only the adapters: its frozen base is
+    built (read from ``lora.base_model``, or initialised from the config, which its
+    digest then checks) and the small adapters restored over it.
     """
     from scaletrain.arguments import TrainingArguments
     from scaletrain.models import get_modules_by_type
     from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
     from scaletrain.training.lora_state import base_record, check_lora_base
-    from scaletrain.training.optim import make_optimizer, make_schedule
 
     directory, latest = resolve_checkpoint(path)
     step = latest if step is None else step
@@ -54,53 +57,56 @@ def load_checkpoint_model(
         args = TrainingArguments(**meta["arguments"])
         dtype = dtype if dtype is not None else args.dtype
         param_dtype = param_dtype if param_dtype is not None else args.param_dtype
-        tx = make_optimizer(args, make_schedule(args, max(args.max_training_steps or 1, 1)))
         if args.lora is None:
-            template = _abstract_template(module_class, config, tx, dtype, param_dtype, precision)
+            graphdef, params, frozen = _abstract_model(module_class, config, dtype, param_dtype, precision)
         else:
-            template = _lora_template(module_class, config, args, tx, dtype, param_dtype, precision)
-        check_lora_base(meta.get("lora"), base_record(template.model, template.frozen), checkpointer.path(step))
-        state, _, _ = checkpointer.restore(step, template)
+            graphdef, params, frozen = _lora_model(module_class, config, args, dtype, param_dtype, precision)
+        check_lora_base(meta.get("lora"), base_record(_merge(graphdef, params, frozen), frozen),
+                        checkpointer.path(step))
+        params = checkpointer.restore_params(step, params)
     finally:
         checkpointer.close()
-    return state.model, meta
+    return _merge(graphdef, params, frozen), meta
 
 
-def _abstract_template(module_class: type, config: Any, tx: Any, dtype: Any, param_dtype: Any,
-                       precision: Any) -> Any:
-    """The TrainState of a full model as ``ShapeDtypeStruct`` leaves with their shardings: nothing is initialised."""
-    from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
-    from scaletrain.training.state import abstract_train_state
-
-    mesh = mesh_for_config(config)
-    graphdef, params = abstract_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
-                                              precision=precision, mesh=mesh)
-    return abstract_train_state(graphdef, params, tx, mesh)
-
-
-def _lora_template(module_class: type, config: Any, args: Any, tx: Any, dtype: Any, param_dtype: Any,
-                   precision: Any) -> Any:
-    """A LoRA run's TrainState: the real frozen base (not in the checkpoint) and fresh adapters to restore over."""
-    import jax
+def _merge(graphdef: Any, params: Any, frozen: Any) -> Any:
+    """The module of ``params`` (and, for LoRA, its frozen base), as ``TrainState.model`` builds it."""
     from flax import nnx
 
+    return nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
+
+
+def _abstract_model(module_class: type, config: Any, dtype: Any, param_dtype: Any,
+                    precision: Any) -> tuple[Any, Any, None]:
+    """``(graphdef, params, None)`` of a full model, ``params`` as ``ShapeDtypeStruct`` leaves with their
+    shardings: nothing is initialised."""
+    from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
+
+    graphdef, params = abstract_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
+                                              precision=precision, mesh=mesh_for_config(config))
+    return graphdef, params, None
+
+
+def _lora_model(module_class: type, config: Any, args: Any, dtype: Any, param_dtype: Any,
+                precision: Any) -> tuple[Any, Any, Any]:
+    """``(graphdef, adapters, frozen base)`` of a LoRA run: the real base (not in the checkpoint) and fresh
+    adapters to restore over, split as the run's TrainState splits them."""
     from scaletrain.models import create_sharded_model
+    from scaletrain.models.lora import split_trainable
     from scaletrain.models.registry import AutoModelForCausalLM
     from scaletrain.training.lora_state import with_lora
-    from scaletrain.training.state import create_train_state
 
     if args.lora.base_model and os.path.isdir(args.lora.base_model):
         model = AutoModelForCausalLM.from_pretrained(args.lora.base_model, dtype=dtype, param_dtype=param_dtype,
                                                      sharding_axis_dims=config.sharding_axis_dims,
                                                      partition_axis=config.partition_axis, precision=precision,
                                                      scan_layers=getattr(config, "scan_layers", False))
-        mesh = jax.tree.leaves(nnx.state(model))[0].sharding.mesh
     else:  # a base trained from scratch is rebuilt from its config (its digest says whether that is it)
-        model, mesh = create_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
-                                           precision=precision)
+        model, _ = create_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
+                                        precision=precision)
     # the checkpoint holds the adapters: not the ones an init_from folder has
     model = with_lora(model, args.lora.model_copy(update={"init_from": None}))
-    return create_train_state(model, tx, mesh, seed=args.seed)
+    return split_trainable(model)
 
 
 def tokenizer_for(meta: dict[str, Any]) -> Any | None:

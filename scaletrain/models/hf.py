@@ -35,6 +35,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.key_paths import dotted
 from scaletrain.models.config import LlamaConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
 from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
@@ -57,7 +58,7 @@ _IGNORED_TENSORS = re.compile(r".*\.rotary_emb\.inv_freq$")
 # parameter names
 # ---------------------------------------------------------------------------------
 def _path_name(path: tuple[Any, ...]) -> str:
-    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return dotted(path)
 
 
 def hf_tensor_name(name: str) -> tuple[str, bool]:

@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.key_paths import dotted
 from scaletrain.models.hf import hf_tensor_name
 from scaletrain.models.lora import (
     LoRAConfig,
@@ -42,10 +43,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 
 
-def _dotted(path: tuple[Any, ...]) -> str:
-    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
 def peft_target_modules(model: nnx.Module, config: LoRAConfig) -> list[str]:
     """Short names (``q_proj``) when they pick exactly our targets in PEFT too, else the full paths."""
     chosen = target_paths(model, config)
@@ -58,7 +55,7 @@ def _full_modules(trainable: Any) -> list[str]:
     """The module names (``embed_tokens``, ``norm``, …) whose parameters are trained in full."""
     names = set()
     for path, leaf in jax.tree_util.tree_flatten_with_path(trainable)[0]:
-        for name, _, _ in _peft_tensors(_dotted(path), tuple(leaf.shape)):
+        for name, _, _ in _peft_tensors(dotted(path), tuple(leaf.shape)):
             if not name.endswith((".lora_A.weight", ".lora_B.weight")):
                 names.add(name.rsplit(".", 2)[-2])
     return sorted(names)
@@ -79,7 +76,7 @@ def adapter_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(trainable)[0]:
         host = np.asarray(to_host(leaf), np.float32)
-        for name, transpose, layer in _peft_tensors(_dotted(path), tuple(leaf.shape)):
+        for name, transpose, layer in _peft_tensors(dotted(path), tuple(leaf.shape)):
             part = host if layer is None else host[layer]
             out[name] = np.ascontiguousarray(part.T if transpose else part)
     return out
@@ -187,7 +184,7 @@ def load_adapter_weights(model: nnx.Module, folder: str | os.PathLike) -> nnx.Mo
     flat, treedef = jax.tree_util.tree_flatten_with_path(trainable)
     leaves = []
     for path, leaf in flat:
-        entries = _peft_tensors(_dotted(path), tuple(leaf.shape))
+        entries = _peft_tensors(dotted(path), tuple(leaf.shape))
         want = tuple(leaf.shape[1:] if entries[0][2] is not None else leaf.shape)  # one layer's shape if stacked
         parts = []
         for name, transpose, _ in entries:
@@ -216,4 +213,4 @@ def adapter_tensors_shapes(trainable: Any) -> dict[str, tuple[int, ...]]:
     """Every PEFT tensor name the adapters ``trainable`` fill, with our (one layer's) shape for it."""
     return {name: tuple(x.shape[0 if layer is None else 1:])
             for p, x in jax.tree_util.tree_flatten_with_path(trainable)[0]
-            for name, _, layer in _peft_tensors(_dotted(p), tuple(x.shape))}
+            for name, _, layer in _peft_tensors(dotted(p), tuple(x.shape))}

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from scaletrain.key_paths import key_names
 from scaletrain.models.layer_stack import LayerBuilder, layer_rngs
 
 #: the logical name of the layer axis (replicated: every device holds its shard of every layer)
@@ -86,5 +87,5 @@ def per_layer_names(name: str, count: int) -> tuple[str, ...] | None:
 
 def stacked_axes(path: tuple[Any, ...]) -> int:
     """Leading layer axes of the parameter at ``path`` (a pytree key path): 1 inside a stack, else 0."""
-    keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+    keys = key_names(path)
     return int(any(a == "layers" and b == STACK for a, b in zip(keys, keys[1:])))

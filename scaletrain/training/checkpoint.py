@@ -23,13 +23,13 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 from typing import Any
 
 import jax
 
 from scaletrain.errors import CheckpointError
+from scaletrain.training.restore_checks import fit_error, unreadable
 from scaletrain.training.storage import no_room
 
 logger = logging.getLogger("scaletrain")
@@ -41,17 +41,6 @@ STATE_PIECES = ("step", "params", "opt_state", "rng")
 
 def _state_tree(state: Any) -> dict[str, Any]:
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state, "rng": state.rng}
-
-
-def _shape_of(leaf: Any) -> tuple[int, ...] | None:
-    shape = getattr(leaf, "shape", None)
-    return None if shape is None else tuple(int(s) for s in shape)
-
-
-def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...] | None]:
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path): _shape_of(leaf)
-            for path, leaf in flat}
 
 
 def _sync(name: str) -> None:
@@ -84,18 +73,6 @@ def _handlers(ocp: Any) -> dict[str, Any]:
         "data": ocp.JsonCheckpointHandler(),
         "meta": ocp.JsonCheckpointHandler(),
     }
-
-
-def _tensor_named(err: BaseException) -> str | None:
-    """The parameter a TensorStore error is about (its dotted path in the state), where it says."""
-    found = re.search(r'Error reading "([^"/]+)/', str(err))
-    return found.group(1) if found else None
-
-
-def _short_reason(err: BaseException, limit: int = 300) -> str:
-    """The error without TensorStore's spec (dozens of lines of JSON that help nobody)."""
-    text = str(err).split(" [tensorstore_spec=")[0].strip()
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _finish_interrupted_replacement(directory: str) -> None:
@@ -287,43 +264,19 @@ class Checkpointer:
         ocp = self._ocp
         where = self.path(step)
         meta = self.read_meta(step)
-        if not os.path.isdir(os.path.join(where, "state")):
-            raise self._damaged(step, "its train state folder state/ (" + ", ".join(STATE_PIECES) + ") is missing")
-        try:
-            stored = self._manager.item_metadata(step)["state"]
-        except Exception as err:  # unreadable or corrupt metadata
-            raise self._damaged(step, self._unreadable(err)) from None
-        names = set(stored.keys()) if hasattr(stored, "keys") else set()  # orbax's TreeMetadata is a mapping
-        missing = [k for k in STATE_PIECES if k not in names]
-        if missing:
-            raise self._damaged(step, f"its train state lacks {', '.join(missing)} (in {where}/state)")
-        want = _flat_shapes(_state_tree(template))
-        have = _flat_shapes(stored) if stored is not None else {}
-        problems = []
-        for key in sorted(set(want) | set(have)):
-            if key not in have:
-                problems.append(f"{key} missing from the checkpoint")
-            elif key not in want:
-                problems.append(f"{key} in the checkpoint but not in this model")
-            elif want[key] != have[key]:
-                problems.append(f"{key} has shape {have[key]} in the checkpoint but {want[key]} here")
-        if problems:
-            cfg = meta.get("config", {})
-            hint = ", ".join(f"{k}={cfg[k]}" for k in ("vocab_size", "hidden_size", "num_hidden_layers") if k in cfg)
-            hint += f", scan_layers={cfg.get('scan_layers', False)}"  # the layers' layout: stacked or one by one
-            raise CheckpointError(
-                f"checkpoint {where} does not fit this model ({len(problems)} mismatches; saved with {hint}): "
-                + "; ".join(problems[:5])
-            )
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(template))
-        items = {"state": ocp.args.StandardRestore(abstract)}
+        stored = self._stored_state(step, STATE_PIECES)
+        tree = _state_tree(template)
+        mismatch = fit_error(where, meta, tree, stored)
+        if mismatch is not None:
+            raise mismatch
+        items = {"state": ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))}
         has_data = os.path.isfile(os.path.join(where, "data", "metadata"))
         if has_data:
             items["data"] = ocp.args.JsonRestore()
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as err:
-            raise self._damaged(step, self._unreadable(err)) from None
+            raise self._damaged(step, unreadable(err)) from None
         tree = restored["state"]
         state = template.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"],
                                  rng=tree["rng"])
@@ -331,11 +284,50 @@ class Checkpointer:
         self._current.add(step)  # this folder now holds the state the run continues from
         return state, dict(data or {}), meta
 
-    @staticmethod
-    def _unreadable(err: BaseException) -> str:
-        tensor = _tensor_named(err)
-        what = f"tensor {tensor}" if tensor else "its train state"
-        return f"cannot read {what} ({type(err).__name__}: {_short_reason(err)})"
+    def restore_params(self, step: int, params: Any) -> Any:
+        """The parameters of ``step`` alone, in the shapes and shardings of ``params`` (a TrainState's ``params``).
+
+        For export and inference: the values of the optimizer state (two float32
+        moments per parameter with AdamW, twice the parameters' bytes), the step, the
+        RNG and the data position are never read, so the device needs room for the
+        parameters only. orbax's partial restore (``PyTreeRestore(partial_restore=True)``)
+        reads the ``params`` subtree of the saved state; the checks are :meth:`restore`'s
+        for that subtree (shape mismatches, a missing or unreadable tensor, the checkpoint
+        never modified; orbax's metadata of the whole state, shapes only, is read for
+        them). The step is not marked as this run's (nothing continues from it).
+        """
+        ocp = self._ocp
+        where = self.path(step)
+        meta = self.read_meta(step)
+        stored = self._stored_state(step, ("params",))
+        mismatch = fit_error(where, meta, {"params": params}, {"params": stored["params"]})
+        if mismatch is not None:
+            raise mismatch
+        target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params)}
+        reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())  # reads what StandardSave wrote: the same format
+        try:
+            restored = reader.restore(os.path.join(where, "state"), args=ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
+        except Exception as err:
+            raise self._damaged(step, unreadable(err)) from None
+        finally:
+            reader.close()
+        return restored["params"]
+
+    def _stored_state(self, step: int, pieces: tuple[str, ...]) -> Any:
+        """orbax's metadata of the saved train state of ``step``, once it is there with ``pieces``."""
+        where = self.path(step)
+        if not os.path.isdir(os.path.join(where, "state")):
+            raise self._damaged(step, "its train state folder state/ (" + ", ".join(STATE_PIECES) + ") is missing")
+        try:
+            stored = self._manager.item_metadata(step)["state"]
+        except Exception as err:  # unreadable or corrupt metadata
+            raise self._damaged(step, unreadable(err)) from None
+        names = set(stored.keys()) if hasattr(stored, "keys") else set()  # orbax's TreeMetadata is a mapping
+        missing = [k for k in pieces if k not in names]
+        if missing:
+            raise self._damaged(step, f"its train state lacks {', '.join(missing)} (in {where}/state)")
+        return stored
 
     def _damaged(self, step: int, problem: str) -> CheckpointError:
         """A CheckpointError for an incomplete or unreadable ``step`` that names where to resume instead."""

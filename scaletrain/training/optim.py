@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from scaletrain.arguments import TrainingArguments
+from scaletrain.key_paths import dotted
 from scaletrain.models.stacked_layers import stacked_axes
 
 
@@ -73,7 +74,7 @@ def in_float32(inner: optax.GradientTransformation) -> optax.GradientTransformat
 
 def parameter_path(path: tuple[Any, ...]) -> str:
     """A parameter's path as ``frozen_parameters`` matches it: ``model/layers/0/self_attn/q_proj/kernel``."""
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+    return dotted(path, sep="/")
 
 
 def frozen_mask(pattern: str) -> Any:

@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax import lax
 
+from scaletrain.key_paths import key_names
 from scaletrain.models.stacked_layers import stacked_axes
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.fused_loss import fused_head_loss
@@ -78,7 +79,7 @@ def group_norms(tree: Any, prefix: str) -> dict[str, jax.Array]:
     """L2 norm per parameter group: the embedding, each decoder layer, the final norm, the head."""
     groups: dict[str, list[jax.Array]] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        keys = key_names(path)
         square = jnp.square(leaf.astype(jnp.float32))
         if stacked_axes(path):  # model.layers.stack.*: [layers, ...], one group per layer as unrolled
             per_layer = jnp.sum(square, axis=tuple(range(1, leaf.ndim)))
