@@ -61,12 +61,12 @@ def _full_modules(trainable: Any) -> list[str]:
     return sorted(names)
 
 
-def _peft_tensors(dotted: str, shape: tuple[int, ...]) -> list[tuple[str, bool, int | None]]:
-    """``(PEFT tensor name, transpose?, layer)`` for each tensor our parameter ``dotted`` holds: one
+def _peft_tensors(param: str, shape: tuple[int, ...]) -> list[tuple[str, bool, int | None]]:
+    """``(PEFT tensor name, transpose?, layer)`` for each tensor our parameter ``param`` holds: one
     (layer None), or one per layer of a ``scan_layers`` stack (layer ``i``: the parameter's ``[i]``)."""
-    layers = per_layer_names(dotted, shape[0]) if shape else None
+    layers = per_layer_names(param, shape[0]) if shape else None
     if layers is None:
-        return [(*expected_name(dotted), None)]
+        return [(*expected_name(param), None)]
     return [(*expected_name(name), i) for i, name in enumerate(layers)]
 
 
@@ -200,12 +200,12 @@ def load_adapter_weights(model: nnx.Module, folder: str | os.PathLike) -> nnx.Mo
     return model
 
 
-def expected_name(dotted: str) -> tuple[str, bool]:
+def expected_name(param: str) -> tuple[str, bool]:
     """``(PEFT tensor name, transpose?)`` for one of our trainable parameter paths."""
-    if dotted.endswith((".lora_a", ".lora_b")):
-        module, which = dotted.rsplit(".", 1)
+    if param.endswith((".lora_a", ".lora_b")):
+        module, which = param.rsplit(".", 1)
         return f"{PREFIX}{module}.lora_{which[-1].upper()}.weight", True
-    hf_name, transpose = hf_tensor_name(dotted)
+    hf_name, transpose = hf_tensor_name(param)
     return PREFIX + hf_name, transpose
 
 
