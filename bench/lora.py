@@ -12,7 +12,7 @@ over ``--steps`` timed steps after one warm-up. Modes: ``full``, ``lora``
 (all-linear, float32 base), ``lora-bf16`` (base held in bfloat16), ``qlora-int8``,
 ``qlora-nf4``. ``--layouts unrolled,stacked`` measures every mode in both layer layouts
 (``model.scan_layers``), side by side, with the train step's compile seconds (``compile_s``)
-and the stacked/unrolled ratios. Writes ``bench/results/lora-<date>.json``.
+and the stacked/unrolled ratios. Writes ``--out`` (default ``bench/results/lora-<date>.json``).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--layouts", default="unrolled", help="unrolled, stacked (model.scan_layers), or both")
+    p.add_argument("--out", default=None, help="result file (default bench/results/lora-<date>.json)")
     ns = p.parse_args()
     import jax
 
@@ -131,7 +132,7 @@ def main() -> None:
             print(f"{mode:<11} {layouts[1]}/{layouts[0]}: compile {b['compile_s'] / a['compile_s']:.2f}x, "
                   f"tok/s {b['tokens_per_s'] / a['tokens_per_s']:.2f}x, "
                   f"peak {b['compiled_peak_bytes'] / a['compiled_peak_bytes']:.2f}x")
-    out = os.path.join(HERE, "results", f"lora-{dt.date.today().isoformat()}.json")
+    out = ns.out or os.path.join(HERE, "results", f"lora-{dt.date.today().isoformat()}.json")
     with open(out, "w") as f:
         json.dump({"args": vars(ns), "platform": jax.devices()[0].platform, "devices": jax.device_count(),
                    "rows": rows}, f, indent=2)
