@@ -1,6 +1,5 @@
 """Checkpoints, exact resume after SIGKILL, stopping rules, NaN handling, TensorBoard."""
 
-import hashlib
 import json
 import os
 import random
@@ -15,6 +14,7 @@ import scaletrain as st
 from scaletrain.errors import CheckpointError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
 from scaletrain.training.checkpoint import Checkpointer
+from folder_testing import tree_hash
 from scaletrain.training.stopping import NonFiniteLossError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,16 +77,6 @@ def _trainer(out, dims=(1, 8, 1, 1, 1), hidden=32, callbacks=(), data=None, **kw
                       callbacks=callbacks)
 
 
-def _tree_hash(path):
-    h = hashlib.sha256()
-    for root, _, files in sorted(os.walk(path)):
-        for f in sorted(files):
-            h.update(f.encode())
-            with open(os.path.join(root, f), "rb") as fh:
-                h.update(fh.read())
-    return h.hexdigest()
-
-
 @pytest.mark.parametrize(
     "rule,value,stop_step",
     [("exit_iteration", 3, 3), ("exit_iteration_this_run", 2, 2), ("training_time_limit", "0.2s", 1)],
@@ -138,10 +128,10 @@ def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
     step_dir = tmp_path / "checkpoints" / "2"
     victim = next(p for p in sorted((step_dir / "state").rglob("*")) if p.is_file() and p.stat().st_size > 100)
     victim.write_bytes(b"\x00garbage" * 20)
-    before = _tree_hash(step_dir)
+    before = tree_hash(step_dir)
     with pytest.raises(CheckpointError, match=str(step_dir)):
         _trainer(tmp_path, resume_if_possible=True).train()
-    assert _tree_hash(step_dir) == before
+    assert tree_hash(step_dir) == before
 
 
 def test_shape_mismatch_names_the_checkpoint_and_tensor(tmp_path):

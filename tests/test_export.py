@@ -1,6 +1,5 @@
 """Checkpoint -> Hugging Face export through the CLI, reloaded by transformers; plot."""
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ import scaletrain as st
 from scaletrain.errors import CheckpointError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
 from scaletrain.training.checkpoint import Checkpointer
+from folder_testing import tree_hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,16 +102,6 @@ def test_checkpoint_is_restored_into_shapes_not_over_a_fresh_model(trained_run):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def _tree_hash(path):
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(path)):
-        for name in sorted(files):
-            digest.update(name.encode())
-            with open(os.path.join(root, name), "rb") as f:
-                digest.update(f.read())
-    return digest.hexdigest()
-
-
 def _drop_array_data(step_dir, prefix):
     """Delete every stored chunk of the arrays whose saved name starts with ``prefix`` (``opt_state.``).
 
@@ -146,7 +136,7 @@ def test_export_never_reads_the_optimizer_state(trained_run, tmp_path):
     shutil.copytree(run, copy)
     step_dir = copy / "checkpoints" / "4"
     assert _drop_array_data(step_dir, "opt_state.") >= 2 * len(jax.tree.leaves(state.params))  # mu and nu
-    before = _tree_hash(step_dir)
+    before = tree_hash(step_dir)
     model, _ = load_checkpoint_model(str(copy), 4)
     loaded = nnx.to_pure_dict(nnx.state(model))
     assert jax.tree.structure(loaded) == jax.tree.structure(state.params)
@@ -158,7 +148,7 @@ def test_export_never_reads_the_optimizer_state(trained_run, tmp_path):
             checkpointer.restore(4, state)  # what a resume calls
     finally:
         checkpointer.close()
-    assert _tree_hash(step_dir) == before
+    assert tree_hash(step_dir) == before
 
 
 def test_export_of_a_damaged_or_mismatched_checkpoint_is_a_clear_error(trained_run, tmp_path):
@@ -171,11 +161,11 @@ def test_export_of_a_damaged_or_mismatched_checkpoint_is_a_clear_error(trained_r
         load_checkpoint_model(str(copy), 4, config_overrides={"hidden_size": 64})
     step_dir = copy / "checkpoints" / "4"
     assert _drop_array_data(step_dir, "params.model.embed_tokens") == 1
-    before = _tree_hash(step_dir)
+    before = tree_hash(step_dir)
     with pytest.raises(CheckpointError, match=f"(?s)checkpoint {step_dir} is damaged: cannot read .*"
                                               r"training\.resume_from=.*checkpoints/2"):
         load_checkpoint_model(str(copy), 4)
-    assert _tree_hash(step_dir) == before
+    assert tree_hash(step_dir) == before
 
 
 def test_export_of_missing_step_is_a_clear_error(trained_run, tmp_path):

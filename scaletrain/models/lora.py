@@ -146,8 +146,12 @@ def dense_layers(model: nnx.Module) -> list[tuple[str, nnx.Module, Any, Dense]]:
 def unrolled_paths(path: str, layer: Dense) -> tuple[str, ...]:
     """The per-layer paths one Dense stands for: ``model.layers.<i>.<rest>`` for each layer of a
     ``scan_layers`` stack (``model.layers.stack.<rest>``), else the path itself."""
-    kernel = layer.kernel if layer.kernel is not None else layer.kernel_codes
-    return per_layer_names(path, kernel.shape[0]) or (path,)
+    return per_layer_names(path, _stored_kernel(layer).shape[0]) or (path,)
+
+
+def _stored_kernel(layer: Dense) -> nnx.Variable:
+    """The variable holding a layer's weight: its kernel, or QLoRA's codes (same leading axes and logical axes)."""
+    return layer.kernel if layer.kernel is not None else layer.kernel_codes
 
 
 def linear_paths(model: nnx.Module) -> list[str]:
@@ -275,8 +279,7 @@ def trainable_count(model: nnx.Module) -> int:
 def _plain_dense(layer: LoRADense, kernel: jax.Array, model: nnx.Module) -> Dense:
     """A ``Dense`` holding ``kernel`` [in, out] or a stack's [L, in, out] (built abstractly, so no random
     kernel is ever allocated; a stacked layer's own ``axes`` are one layer's, as the stack built them)."""
-    axes = tuple(layer.kernel_codes.get_metadata()["logical_axes"]) if layer.kernel is None else \
-        tuple(layer.kernel.get_metadata()["logical_axes"])
+    axes = tuple(_stored_kernel(layer).get_metadata()["logical_axes"])
     dense = nnx.eval_shape(lambda: Dense(kernel.shape[-2], kernel.shape[-1], axes[-2:], use_bias=False,
                                          config=model.config, dtype=layer.dtype, param_dtype=kernel.dtype,
                                          precision=layer.precision, rngs=nnx.Rngs(0)))
