@@ -55,15 +55,26 @@ def fit_error(where: str, meta: dict[str, Any], want: Any, have: Any) -> Checkpo
                            f"{hint}): " + "; ".join(problems[:5]))
 
 
+#: where TensorStore's errors start printing their spec (dozens of lines of JSON): as an
+#: ``Error reading "key/..."`` status, and as orbax's ``Encountered error while reading array index``
+_SPEC_STARTS = (" [tensorstore_spec=", " See full TensorStore details:")
+
+
 def _tensor_named(err: BaseException) -> str | None:
-    """The parameter a TensorStore error is about (its dotted path in the state), where it says."""
-    found = re.search(r'Error reading "([^"/]+)/', str(err))
+    """The parameter a TensorStore error is about (its dotted path in the state), where it says:
+    in a status (``Error reading "params.x/..."``) or as the relative key path inside the spec
+    (``'path': 'params.x/'``; the spec's absolute paths are the checkpoint folder)."""
+    text = str(err)
+    found = re.search(r'Error reading "([^"/]+)/', text) or re.search(r"'path': '([^'/][^']*)/'", text)
     return found.group(1) if found else None
 
 
 def _short_reason(err: BaseException, limit: int = 300) -> str:
-    """The error without TensorStore's spec (dozens of lines of JSON that help nobody)."""
-    text = str(err).split(" [tensorstore_spec=")[0].strip()
+    """The error without TensorStore's spec, which helps nobody (the tensor is named apart)."""
+    text = str(err)
+    for start in _SPEC_STARTS:
+        text = text.split(start)[0]
+    text = text.strip()
     return text if len(text) <= limit else text[:limit] + "..."
 
 
