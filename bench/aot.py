@@ -80,7 +80,15 @@ LLAMA_8B: dict[str, Any] = dict(
                   "original_max_position_embeddings": 8192},
     tie_word_embeddings=False,
 )
-MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B}
+#: Gemma-3-1B's architecture (google/gemma-3-1b-pt's config.json): 26 layers, five local (window 512,
+#: RoPE base 1e4) to each global one (RoPE base 1e6), a 262k vocabulary, tied head
+GEMMA3_1B: dict[str, Any] = dict(
+    model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+    num_attention_heads=4, num_key_value_heads=1, head_dim=256, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=512, sliding_window_pattern=6,
+    query_pre_attn_scalar=256, tie_word_embeddings=True,
+)
+MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B, "gemma3-1b": GEMMA3_1B}
 
 
 def platform_of(target: str) -> str:
@@ -153,13 +161,14 @@ def compile_step(cfg: Any, devices: list[Any], batch: int, seq: int, dtype: str,
     import jax
     import jax.numpy as jnp
 
-    from scaletrain.models import LlamaForCausalLM
     from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
+    from scaletrain.models.registry import get_modules_by_type
     from scaletrain.training.state import abstract_train_state
     from stepfn import benchmark_optimizer, jit_train_step, memory_of
 
     mesh = mesh_for_config(cfg, devices)
-    graphdef, params = abstract_sharded_model(LlamaForCausalLM, cfg, dtype=dtype, param_dtype="float32", mesh=mesh)
+    graphdef, params = abstract_sharded_model(get_modules_by_type(cfg.model_type)[1], cfg, dtype=dtype,
+                                              param_dtype="float32", mesh=mesh)
     args, tx = benchmark_optimizer(batch, seq, dtype, "float32")
     state = abstract_train_state(graphdef, params, tx, mesh)
     train, bs, chunk = jit_train_step(cfg, tx, state, mesh, args, seq)
@@ -236,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--devices", type=int, default=1, help="GPUs on the one host (a TPU topology names its own)")
     p.add_argument("--dims", default=None,
                    help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
-    p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B)")
+    p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B, Gemma-3-1B)")
     p.add_argument("--layers", type=int, default=None,
                    help="num_hidden_layers instead of the model's own (16 for 1b): how compile time and host "
                         "memory grow with depth")
@@ -261,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     import jax
 
-    from scaletrain.models import LlamaConfig
+    from scaletrain.models.registry import get_modules_by_type
 
     if a.cpu:
         devices, device = jax.devices()[:1], {"device_memory_bytes": None, "device": "this host's CPU"}
@@ -278,7 +287,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         if a.layers < 1:
             p.error(f"--layers {a.layers}: give at least 1")
         arch["num_hidden_layers"] = a.layers
-    cfg = LlamaConfig(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, sharding_axis_dims=dims, fp8=a.fp8,
+    config_class = get_modules_by_type(arch.pop("model_type", "llama"))[0]
+    cfg = config_class(**arch, gradient_checkpointing=a.remat, attn_mechanism=a.attn, sharding_axis_dims=dims, fp8=a.fp8,
                       scan_layers=a.scan_layers)
     model = (("tiny" if a.tiny else a.model) + ("" if a.layers is None else f"-{a.layers}layers")
              + ("-scan" if a.scan_layers else ""))

@@ -67,6 +67,8 @@ def _loss_and_grads(model: nnx.Module, mesh, batch: dict) -> tuple[float, dict]:
     ("mixtral", MOE, "none", (1, 2, 4, 1, 1)),  # experts over ep: the all-to-all inside the scanned body
     # context parallelism: the flash kernel in shard_map, zigzag rows, inside the scanned body
     ("llama", dict(attn_mechanism="pallas", num_hidden_layers=2), "dots_and_attention", (1, 2, 1, 1, 4)),
+    # local, global, local: each stacked layer picks its kind's window and RoPE by a lax.cond inside the remat
+    ("gemma3_text", dict(sliding_window=5, sliding_window_pattern=2), "dots", (1, 4, 1, 2, 1)),
 ])
 def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(family, extra, remat, dims):
     """Bit-identical parameters (layer i from fold_in(key, i) either way), on fsdp x tp, ep or sp; loss
@@ -102,10 +104,18 @@ def test_the_step_holds_one_layer_body_whatever_the_depth():
     assert _dots_in_step(6, False) > _dots_in_step(2, False)
 
 
-@pytest.mark.parametrize("family,overrides", [("qwen2", {}), ("mixtral", dict(num_local_experts=4))])
+#: local, local, global (windows of 8 < the 20-token rows and the prompts + 6 tokens), each kind its own RoPE
+GEMMA_LOCAL_GLOBAL = dict(num_hidden_layers=3, sliding_window_pattern=3, sliding_window=8, head_dim=16,
+                          rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+
+
+@pytest.mark.parametrize("family,overrides", [("qwen2", {}), ("mixtral", dict(num_local_experts=4)),
+                                              ("gemma3_text", GEMMA_LOCAL_GLOBAL)])
 def test_hugging_face_tensors_in_and_out_of_the_stack(family, overrides, tmp_path):
     """transformers' per-layer tensors (and per-expert ones: a [layers, experts, in, out] stack) load into the
-    stack, give transformers' logits and greedy tokens, and export back to the same tensors."""
+    stack, give transformers' logits and greedy tokens, and export back to the same tensors. Gemma 3's
+    decoding scans a stacked cache through layers of both kinds."""
     torch = pytest.importorskip("torch")
     ref = hf_model(family, **overrides)
     folder = save_hf(ref, tmp_path / "hf")
@@ -160,11 +170,6 @@ def test_a_checkpoint_restores_only_into_its_own_layout(stacked_run):
         _train(folder, False, resume=True)
     after = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".scaletrain.lock"}
     assert after == {p: t for p, t in before.items() if p.name != ".scaletrain.lock"}
-
-
-def test_refused_where_the_layers_are_not_one_body():
-    with pytest.raises(ValueError, match="scan_layers"):
-        get_modules_by_type("gemma3_text")[0](**SMALL, scan_layers=True)
 
 
 @pytest.mark.parametrize("transpose", [False, True])

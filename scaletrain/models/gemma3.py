@@ -19,6 +19,7 @@ computes it (the parity tests hold us to that):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -31,6 +32,8 @@ from scaletrain.models.config import LlamaConfig
 from scaletrain.models.fp8 import glu_product
 from scaletrain.models.gemma3_config import FULL, Gemma3TextConfig
 from scaletrain.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
+from scaletrain.models.remat import run_layer
+from scaletrain.models.stacked_layers import StackedLayers
 from scaletrain.models.task import TaskType
 
 Array = jax.Array
@@ -131,6 +134,29 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def _is_global(self, layer: int) -> bool:
         return self.config.layer_types[layer] == FULL
 
+    def _by_kind(self, layer: nnx.Module, is_global: Array, branch: Callable[[nnx.Module, bool], Any]) -> Any:
+        """``branch(layer, is_global)`` for a stacked layer, whose kind is data: a ``lax.cond`` of both
+        kinds (a plain call when every layer is one kind).
+
+        Why a cond and not one body with the mask as data: each branch keeps its kind's own
+        attention (the flash kernel's static window, cuDNN's mask-free causal path for global
+        layers), so a stacked layer computes exactly what its unrolled self does. JAX shares the
+        branches' saved residuals where their shapes agree (``_merge_branch_residuals``), and the
+        two kinds save the same shapes, so the backward holds one set per layer, not two. The
+        layer enters the cond as an operand (its state), so remat inside a branch updates a module
+        of the branch's own trace.
+        """
+        kinds = set(self.config.layer_types)
+        if len(kinds) == 1:
+            return branch(layer, FULL in kinds)
+        graphdef, state = nnx.split(layer)
+        return lax.cond(is_global, lambda st: branch(nnx.merge(graphdef, st), True),
+                        lambda st: branch(nnx.merge(graphdef, st), False), state)
+
+    def _layer_kinds(self) -> Array:
+        """``is_global`` of every layer, [L] bool: what a scan over a stack reads per layer."""
+        return jnp.asarray([self._is_global(i) for i in range(self.config.num_hidden_layers)])
+
     # -- forward --------------------------------------------------------------
     def hidden_states(
         self,
@@ -145,9 +171,20 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
                                             self.config.attn_mechanism)
                   for is_global, (window, inv_freq) in self._kinds().items()}
         x = self._shard_activations(self._embed(input_ids))
-        for i, layer in enumerate(self.model.layers):
-            kind = inputs[self._is_global(i)]
-            x = self._shard_activations(self._run_layer(layer, x, kind.mask, kind.rope))
+        layers = self.model.layers
+        if isinstance(layers, StackedLayers):
+            # the cond inside the remat: the layer's slice of the stack and h are the saved inputs, as for
+            # any stacked layer, and a branch saves only what the policy keeps of its kind's attention
+            def by_kind(layer: nnx.Module, h: Array, g: Array) -> Array:
+                return self._by_kind(layer, g, lambda m, kind: m(h, inputs[kind].mask, inputs[kind].rope))
+
+            step = lambda layer, h, g: (self._shard_activations(  # noqa: E731
+                run_layer(layer, self.config.gradient_checkpointing, h, g, call=by_kind)), None)
+            x, _ = layers.scan(step, x, self._layer_kinds())
+        else:
+            for i, layer in enumerate(layers):
+                kind = inputs[self._is_global(i)]
+                x = self._shard_activations(self._run_layer(layer, x, kind.mask, kind.rope))
         return self.model.norm(x)
 
     def logit_softcap(self) -> float | None:
@@ -158,16 +195,24 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self,
         input_ids: Array,
         positions: Array,
-        cache: list[KVCache],
+        cache: list[KVCache] | KVCache,
         start: Array,
         kv_valid: Array,
-    ) -> tuple[Array, list[KVCache]]:
+    ) -> tuple[Array, list[KVCache] | KVCache]:
         """As :meth:`LlamaForCausalLM.forward_with_cache`, with each layer's own window and RoPE."""
         kinds = {is_global: (build_cache_mask(start, input_ids.shape[1], kv_valid, window), rope_tables(positions, f))
                  for is_global, (window, f) in self._kinds().items()}
         x = self._embed(input_ids)
+        layers = self.model.layers
+        if isinstance(layers, StackedLayers):  # one [L, ...] cache, scanned with the layers and their kinds
+            def step(layer: nnx.Module, h: Array, cache_and_kind: tuple[KVCache, Array]) -> tuple[Array, KVCache]:
+                layer_cache, g = cache_and_kind
+                return self._by_kind(layer, g, lambda m, kind: m.call_with_cache(h, *kinds[kind], layer_cache, start))
+
+            x, cache = layers.scan(step, x, (cache, self._layer_kinds()))
+            return self.model.norm(x), cache
         new_cache = []
-        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache, strict=True)):
+        for i, (layer, layer_cache) in enumerate(zip(layers, cache, strict=True)):
             mask, rope = kinds[self._is_global(i)]
             x, layer_cache = layer.call_with_cache(x, mask, rope, layer_cache, start)
             new_cache.append(layer_cache)

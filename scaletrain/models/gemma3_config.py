@@ -60,9 +60,6 @@ class Gemma3TextConfig(LlamaConfig):
                              f"{self.num_hidden_layers} layers, got {self.layer_types}")
         if SLIDING in self.layer_types and not self.sliding_window:
             raise ValueError("sliding_window must be set when layer_types has sliding_attention layers")
-        if self.scan_layers:
-            raise ValueError("scan_layers=True is not supported for Gemma 3 (its local and global layers attend "
-                             "with different windows and RoPE tables, so one scanned body does not fit both)")
         if self.qk_norm or self.qkv_bias or self.mlp_bias:
             raise ValueError("qk_norm/qkv_bias/mlp_bias are not Gemma 3 options (its q/k norms are always there)")
         return self

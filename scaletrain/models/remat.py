@@ -13,6 +13,7 @@ in JAX's custom VJP, so with cuDNN attention these policies still recompute its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -45,8 +46,10 @@ if set(POLICIES) != set(REMAT_POLICIES) - {"none"}:  # a name config accepts mus
                       f"options.REMAT_POLICIES names {sorted(REMAT_POLICIES)} (all but 'none' must be built)")
 
 
-def run_layer(layer: nnx.Module, policy: str, *args: Any) -> Any:
-    """``layer(*args)``, rematerialised in the backward pass under ``policy`` (``none``: not at all)."""
+def run_layer(layer: nnx.Module, policy: str, *args: Any, call: Callable[..., Any] | None = None) -> Any:
+    """``layer(*args)`` (or ``call(layer, *args)``), rematerialised in the backward pass under
+    ``policy`` (``none``: not at all)."""
+    call = call or (lambda lyr, *a: lyr(*a))
     if policy == "none":
-        return layer(*args)
-    return nnx.remat(lambda lyr, *a: lyr(*a), policy=POLICIES[policy])(layer, *args)
+        return call(layer, *args)
+    return nnx.remat(call, policy=POLICIES[policy])(layer, *args)
