@@ -76,11 +76,3 @@ def test_hugepages_cut_page_faults_of_a_reallocated_buffer():
     assert off["faults"] > 0.9 * pages  # mmapped afresh each time: every 4 KiB page faults again
     assert on["faults"] < 0.05 * pages  # 2 MiB pages: 512x fewer faults
 
-
-def test_cpu_jobs_of_several_processes_compile_without_the_cache():
-    """Only process 0 ever hits JAX's cache on CPU, and a process 0 that skips compiles reaches the first
-    collective more than gloo's 30 s ahead of the others on a loaded host: a job of several CPU
-    processes runs without it; one process (a sweep member) and GPU jobs keep it."""
-    assert make_worker_env(use_gpu=False, use_tpu=False, processes=2)["JAX_ENABLE_COMPILATION_CACHE"] == "false"
-    assert "JAX_ENABLE_COMPILATION_CACHE" not in make_worker_env(use_gpu=False, use_tpu=False)
-    assert "JAX_ENABLE_COMPILATION_CACHE" not in make_worker_env(use_gpu=True, use_tpu=False, processes=2)

@@ -221,10 +221,8 @@ class LaunchResult:
         return max(0, len(self.attempts) - 1)
 
 
-def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None = None,
-                    processes: int = 1) -> dict[str, str]:
-    """Environment of the Ray workers (``processes`` of one JAX job; ``extra`` wins): set explicitly,
-    never inherited from a test's fake devices."""
+def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the Ray workers: set explicitly, never inherited from a test's fake devices."""
     import scaletrain
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(scaletrain.__file__)))
@@ -239,13 +237,6 @@ def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None =
 
     if hugepages_supported() and not use_gpu and not use_tpu:  # the scratch buffer is host memory only on CPU
         env["GLIBC_TUNABLES"] = hugepage_env()["GLIBC_TUNABLES"]  # keeps this process's other tunables
-    if processes > 1 and not use_gpu and not use_tpu:
-        # No persistent compilation cache for a job of several CPU processes: JAX writes entries from process 0 only,
-        # and a CPU cache key holds the process's own topology, so only process 0 ever hits. It then
-        # reaches each first collective while the others still compile, and gloo waits 30 s at most
-        # for them to set it up ("Gloo context initialization failed: DEADLINE_EXCEEDED"), seen on a
-        # loaded host. The hits saved no time either: process 0 waits for the others at that collective.
-        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     env.update(extra or {})
     return env
 
@@ -379,7 +370,7 @@ def _launch_locked(
                         name=RAY_DIR,
                         storage_path=output_dir,
                         failure_config=FailureConfig(max_failures=0),  # restarts are decided below
-                        worker_runtime_env={"env_vars": make_worker_env(use_gpu, use_tpu, worker_env, num_workers)},
+                        worker_runtime_env={"env_vars": make_worker_env(use_gpu, use_tpu, worker_env)},
                     ),
                 )
                 try:  # off the main thread: Ray Train would replace our SIGINT handler there
