@@ -75,4 +75,3 @@ def test_hugepages_cut_page_faults_of_a_reallocated_buffer():
     pages = 256 * 2**20 // 4096
     assert off["faults"] > 0.9 * pages  # mmapped afresh each time: every 4 KiB page faults again
     assert on["faults"] < 0.05 * pages  # 2 MiB pages: 512x fewer faults
-
