@@ -25,9 +25,12 @@ def _trainer(**args):
 def test_per_process_conditions_are_agreed_at_log_steps(monkeypatch, tmp_path):
     gathered = []
 
+    other = np.zeros(64, np.int32)
+    other[0] = 3  # the other process has reached its time limit
+
     def fake_allgather(x):
-        gathered.append(int(x))
-        return np.array([int(x), 3])  # the other process has reached its time limit
+        gathered.append(int(x[0]))
+        return np.stack([x, other])
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "process_allgather", fake_allgather)
@@ -48,3 +51,18 @@ def test_per_process_conditions_are_agreed_at_log_steps(monkeypatch, tmp_path):
     trainer, stops = _trainer(kill_switch_path=str(switch))
     rules._check(trainer, 4)
     assert gathered[-1] == 2 and stops == [f"found kill switch {switch} at step 4"]
+
+
+def test_a_signal_seen_by_another_process_is_named_everywhere(monkeypatch):
+    """A driver's stop request is read by each process on its own: at a log step one may have read
+    it and another not yet. Both stop after that step, and both name the signal."""
+    other = np.zeros(64, np.int32)
+    name = b"SIGINT sent to the Ray driver"
+    other[0], other[1:1 + len(name)] = 1, np.frombuffer(name, np.uint8)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.stack([x, other]))
+    trainer, stops = _trainer()
+    rules = StoppingRules()
+    rules._deadline = None
+    rules._check(trainer, 4)
+    assert stops == ["received SIGINT sent to the Ray driver at step 4"]

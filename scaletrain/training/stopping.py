@@ -109,12 +109,11 @@ class StoppingRules(Callback):
             # (the same steps everywhere, where the loop waits for the device anyway).
             if step % a.log_steps and step < trainer.max_training_steps:
                 return
-            from jax.experimental import multihost_utils
-
-            seen = [int(c) for c in np.ravel(multihost_utils.process_allgather(np.int32(code))) if c]
-            code = min(seen) if seen else 0  # the same priority as in one process
+            code, signal_name = _agree(code, self._signal)
+        else:
+            signal_name = self._signal
         if code == 1:
-            trainer.request_stop(f"received {self._signal or 'a signal (on another process)'} at step {step}")
+            trainer.request_stop(f"received {signal_name or 'a signal (on another process)'} at step {step}")
         elif code == 2:
             trainer.request_stop(f"found kill switch {a.kill_switch_path} at step {step}")
         elif code == 3:
@@ -175,3 +174,28 @@ class NanGuard(Callback):
         import jax
 
         return int(jax.device_get(self.skipped))
+
+
+#: bytes of a signal's name sent along with the stop code (``SIGINT sent to the Ray driver`` fits)
+_NAME_BYTES = 63
+
+
+def _agree(code: int, signal_name: str | None) -> tuple[int, str | None]:
+    """The stop code all processes agree on (the lowest nonzero one, as in one process) and the name
+    of the signal behind it, as the first process that saw one names it.
+
+    Why the name travels too: a driver's stop request is read by each process on its own, so at a
+    log step one process may have read it and another not yet; without the name the others would
+    say only "a signal (on another process)".
+    """
+    from jax.experimental import multihost_utils
+
+    row = np.zeros(1 + _NAME_BYTES, np.int32)
+    row[0] = code
+    name = (signal_name or "").encode()[:_NAME_BYTES]
+    row[1:1 + len(name)] = np.frombuffer(name, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(row)).reshape(-1, 1 + _NAME_BYTES)
+    seen = [int(c) for c in rows[:, 0] if c]
+    agreed = min(seen) if seen else 0
+    names = [bytes(r[1:][r[1:] > 0].astype(np.uint8)).decode(errors="replace") for r in rows if r[1] > 0]
+    return agreed, signal_name or (names[0] if names else None)
