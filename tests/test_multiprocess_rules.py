@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from scaletrain.training.stopping import StoppingRules
+from scaletrain.training.stopping import _NAME_BYTES, StoppingRules
 
 
 def _trainer(**args):
@@ -25,7 +25,7 @@ def _trainer(**args):
 def test_per_process_conditions_are_agreed_at_log_steps(monkeypatch, tmp_path):
     gathered = []
 
-    other = np.zeros(64, np.int32)
+    other = np.zeros(1 + _NAME_BYTES, np.int32)  # a process's row: its stop code, then the signal's name
     other[0] = 3  # the other process has reached its time limit
 
     def fake_allgather(x):
@@ -56,7 +56,7 @@ def test_per_process_conditions_are_agreed_at_log_steps(monkeypatch, tmp_path):
 def test_a_signal_seen_by_another_process_is_named_everywhere(monkeypatch):
     """A driver's stop request is read by each process on its own: at a log step one may have read
     it and another not yet. Both stop after that step, and both name the signal."""
-    other = np.zeros(64, np.int32)
+    other = np.zeros(1 + _NAME_BYTES, np.int32)  # a process's row: its stop code, then the signal's name
     name = b"SIGINT sent to the Ray driver"
     other[0], other[1:1 + len(name)] = 1, np.frombuffer(name, np.uint8)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
