@@ -22,10 +22,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # "cancelled before it started"). Every in-process and child Ray of the suite uses one mode.
 os.environ["RAY_AUTH_MODE"] = "disabled"
 # Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by
-# default), and a worker's ray.train.report blocks until that poll takes the previous report
-# (a queue of one): with a report at every log step, a tiny run of the suite trained at most one
-# log step per poll, and every end of a run or dead worker was seen up to 2 s late. Ray passes
-# the variable from the driver to the controller and workers, for a local instance or a cluster.
+# default): the end of every tiny Ray run of the suite, its last report, and a dead worker were
+# each seen up to 2 s late. Ray passes the variable from the driver to the controller and workers,
+# for a local instance or a cluster.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 import pytest  # noqa: E402

@@ -31,6 +31,28 @@ TINY = dict(
     eos_token_id=2,
 )
 
+#: Gemma 3's layer kinds in one small model: local, local, global (the legacy
+#: ``sliding_window_pattern`` key), windows of 8 tokens (shorter than the tests' rows and prompts),
+#: each kind its own RoPE (the global one linearly scaled by 8, as in the 4B+ configs), the
+#: attention scale 24 ** -0.5 where head_dim is 16, and logits soft-capped at 5 (random logits reach
+#: ~5, so the cap bends them); the head is tied
+GEMMA3_LOCAL_GLOBAL = dict(
+    num_hidden_layers=3, sliding_window_pattern=3, sliding_window=8, head_dim=16, query_pre_attn_scalar=24,
+    final_logit_softcapping=5.0,
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+
+
+def unstacked(tree: dict) -> dict:
+    """A stacked model's pure dict in the unrolled layout (``layers.stack.x[i]`` -> ``layers.i.x``), as
+    numpy; an unrolled model's dict as it is."""
+    layers = tree["model"]["layers"]
+    if "stack" not in layers:
+        return tree
+    count = jax.tree.leaves(layers["stack"])[0].shape[0]
+    per_layer = {i: jax.tree.map(lambda a, i=i: np.asarray(a[i]), layers["stack"]) for i in range(count)}
+    return {**tree, "model": {**tree["model"], "layers": per_layer}}
+
 
 def hf_model(family: str, seed: int = 0, **overrides: Any) -> Any:
     """A transformers causal LM of ``family`` with all parameters random (float32, eval mode)."""

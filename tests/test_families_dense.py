@@ -22,6 +22,7 @@ import pytest
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import AutoModelForCausalLM
 from hf_testing import (
+    GEMMA3_LOCAL_GLOBAL,
     assert_greedy_generation_matches,
     assert_logits_match,
     hf_logits,
@@ -39,14 +40,8 @@ CASES = {
     "qwen3-head-dim": ("qwen3", dict(head_dim=24)),
     # tied head, biases on all four projections
     "qwen3-tied-bias": ("qwen3", dict(tie_word_embeddings=True, attention_bias=True, head_dim=32)),
-    # local, local, global (the legacy sliding_window_pattern key); windows of 8 < 40 tokens and < prompt + 16;
-    # each kind's own RoPE, the global one linearly scaled by 8 (the 4B+ configs); scale 24 ** -0.5 where
-    # head_dim is 16; logits soft-capped at 5 (random logits reach ~5, so the cap bends them); tied head
-    "gemma3-local-global": ("gemma3_text", dict(
-        num_hidden_layers=3, sliding_window_pattern=3, sliding_window=8, head_dim=16, query_pre_attn_scalar=24,
-        final_logit_softcapping=5.0,
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+    # local, local, global: hf_testing.GEMMA3_LOCAL_GLOBAL says what each value checks
+    "gemma3-local-global": ("gemma3_text", GEMMA3_LOCAL_GLOBAL),
     # explicit layer_types (global first), an untied head, no soft-capping, attention biases
     "gemma3-untied": ("gemma3_text", dict(
         layer_types=["full_attention", "sliding_attention"], sliding_window=6, tie_word_embeddings=False,

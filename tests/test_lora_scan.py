@@ -18,7 +18,7 @@ from scaletrain.generation import generate
 from scaletrain.models.lora import LoRAConfig, apply_lora, merge_lora, split_trainable, trainable_count
 from scaletrain.models.peft_adapter import load_peft_adapter
 from scaletrain.models.registry import AutoModelForCausalLM
-from hf_testing import hf_logits, hf_model, our_logits, rel_diff, save_hf
+from hf_testing import hf_logits, hf_model, our_logits, rel_diff, save_hf, unstacked
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
@@ -35,14 +35,6 @@ def base_dir(tmp_path_factory):
 
 def _load(base_dir, scan):
     return AutoModelForCausalLM.from_pretrained(base_dir, scan_layers=scan)
-
-
-def _per_layer(tree):
-    """A stacked model's pure dict in the unrolled layout (``layers.stack.x[i]`` -> ``layers.i.x``)."""
-    layers = tree["model"]["layers"]
-    count = jax.tree.leaves(layers["stack"])[0].shape[0]
-    per = {i: jax.tree.map(lambda a, i=i: np.asarray(a[i]), layers["stack"]) for i in range(count)}
-    return {**tree, "model": {**tree["model"], "layers": per}}
 
 
 def _same(a, b):
@@ -66,8 +58,8 @@ def test_stacked_qlora_is_the_unrolled_one(base_dir):
     flat, stacked = (apply_lora(_load(base_dir, scan), config) for scan in (False, True))
     _, flat_train, flat_frozen = split_trainable(flat)
     _, stack_train, stack_frozen = split_trainable(stacked)
-    assert _same(_per_layer(stack_train), flat_train)
-    assert _same(_per_layer(stack_frozen), flat_frozen)
+    assert _same(unstacked(stack_train), flat_train)
+    assert _same(unstacked(stack_frozen), flat_frozen)
     assert trainable_count(stacked) == trainable_count(flat)
     # B is zero at the start: give both the same nonzero adapters so that they take part
     leaves, treedef = jax.tree.flatten(flat_train)

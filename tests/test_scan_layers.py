@@ -20,7 +20,8 @@ from scaletrain.models.config import LlamaConfig
 from scaletrain.models.registry import AutoModelForCausalLM, get_modules_by_type
 from scaletrain.training import steps
 from flash_testing import assert_same_loss_and_grads
-from hf_testing import assert_greedy_generation_matches, assert_logits_match, hf_logits, hf_model, our_logits, save_hf
+from hf_testing import (GEMMA3_LOCAL_GLOBAL, assert_greedy_generation_matches, assert_logits_match, hf_logits, hf_model,
+                        our_logits, save_hf, unstacked)
 
 SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
@@ -31,16 +32,6 @@ def _model(family: str, scan: bool, dims: tuple[int, ...] = (1, 4, 1, 2, 1), **e
     config_class, module_class = get_modules_by_type(family)
     config = config_class(**{**SMALL, **extra}, sharding_axis_dims=dims, scan_layers=scan)
     return factory.create_sharded_model(module_class, config, seed=3)
-
-
-def _unstacked(params: dict) -> dict:
-    """A stacked model's parameter dict in the unrolled layout (``layers.stack.x[i]`` -> ``layers.i.x``)."""
-    layers = params["model"]["layers"]
-    if "stack" not in layers:
-        return params
-    count = jax.tree.leaves(layers["stack"])[0].shape[0]
-    per_layer = {i: jax.tree.map(lambda a, i=i: np.asarray(a[i]), layers["stack"]) for i in range(count)}
-    return {**params, "model": {**params["model"], "layers": per_layer}}
 
 
 def _packed_batch(length: int, rows: int = 8) -> dict:
@@ -59,7 +50,7 @@ def _loss_and_grads(model: nnx.Module, mesh, batch: dict) -> tuple[float, dict]:
     grad = jax.jit(jax.value_and_grad(lambda p, b: steps._forward(graphdef, p, b)[0]))
     with jax.set_mesh(mesh):
         loss, grads = grad(params, batch)
-    return float(loss), _unstacked(nnx.to_pure_dict(grads))
+    return float(loss), unstacked(nnx.to_pure_dict(grads))
 
 
 @pytest.mark.parametrize("family,extra,remat,dims", [
@@ -76,7 +67,7 @@ def test_stack_holds_the_unrolled_values_and_gives_their_loss_and_gradients(fami
     same arithmetic), MoE router statistics included in the loss."""
     stacked, mesh = _model(family, True, dims, gradient_checkpointing=remat, **extra)
     unrolled, _ = _model(family, False, dims, gradient_checkpointing=remat, **extra)
-    got, want = _unstacked(nnx.to_pure_dict(nnx.state(stacked))), nnx.to_pure_dict(nnx.state(unrolled))
+    got, want = unstacked(nnx.to_pure_dict(nnx.state(stacked))), nnx.to_pure_dict(nnx.state(unrolled))
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
@@ -104,14 +95,8 @@ def test_the_step_holds_one_layer_body_whatever_the_depth():
     assert _dots_in_step(6, False) > _dots_in_step(2, False)
 
 
-#: local, local, global (windows of 8 < the 20-token rows and the prompts + 6 tokens), each kind its own RoPE
-GEMMA_LOCAL_GLOBAL = dict(num_hidden_layers=3, sliding_window_pattern=3, sliding_window=8, head_dim=16,
-                          rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                                           "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
-
-
 @pytest.mark.parametrize("family,overrides", [("qwen2", {}), ("mixtral", dict(num_local_experts=4)),
-                                              ("gemma3_text", GEMMA_LOCAL_GLOBAL)])
+                                              ("gemma3_text", GEMMA3_LOCAL_GLOBAL)])
 def test_hugging_face_tensors_in_and_out_of_the_stack(family, overrides, tmp_path):
     """transformers' per-layer tensors (and per-expert ones: a [layers, experts, in, out] stack) load into the
     stack, give transformers' logits and greedy tokens, and export back to the same tensors. Gemma 3's

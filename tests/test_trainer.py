@@ -161,3 +161,23 @@ def test_preview_generation_is_logged(tmp_path, tiny_config_kwargs):
     samples = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     samples = [r for r in samples if r["split"] == "sample"]
     assert len(samples) == 1 and samples[0]["text"].startswith("ROMEO.") and samples[0]["step"] == 2
+
+
+def test_workers_report_to_ray_at_checkpoints_only(tmp_path, tiny_config_kwargs, monkeypatch):
+    """A Ray worker's ``ray.train.report`` (a barrier that waits for Ray's controller to poll)
+    comes at checkpoint steps, the same on every rank, with the newest train record; never at
+    each log step. The trainer is real; only Ray's report is caught."""
+    ray_train = pytest.importorskip("ray.train")
+    from scaletrain.distributed.worker_callbacks import report_callback
+
+    sent = []
+    monkeypatch.setattr(ray_train, "report", lambda metrics, **kw: sent.append((metrics, kw)))
+    _trainer(tmp_path, tiny_config_kwargs, callbacks=[report_callback()], log_steps=1, save_steps=5).train()
+    logged = {r["step"]: r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+              if r["split"] == "train"}
+    assert sorted(logged) == list(range(1, 13))
+    assert [m["checkpoint_step"] for m, _ in sent] == [5, 10, 12]
+    for metrics, kw in sent:
+        assert kw == {}  # metrics only: checkpoints stay orbax's
+        assert metrics["step"] == metrics["checkpoint_step"]
+        assert metrics["loss"] == logged[metrics["step"]]["loss"]

@@ -32,7 +32,6 @@ from scaletrain.models.config import LlamaConfig
 from scaletrain.models.fp8 import glu_product
 from scaletrain.models.gemma3_config import FULL, Gemma3TextConfig
 from scaletrain.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
-from scaletrain.models.remat import run_layer
 from scaletrain.models.stacked_layers import StackedLayers
 from scaletrain.models.task import TaskType
 
@@ -179,7 +178,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
                 return self._by_kind(layer, g, lambda m, kind: m(h, inputs[kind].mask, inputs[kind].rope))
 
             step = lambda layer, h, g: (self._shard_activations(  # noqa: E731
-                run_layer(layer, self.config.gradient_checkpointing, h, g, call=by_kind)), None)
+                self._run_layer(layer, h, g, call=by_kind)), None)
             x, _ = layers.scan(step, x, self._layer_kinds())
         else:
             for i, layer in enumerate(layers):

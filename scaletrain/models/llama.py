@@ -13,6 +13,7 @@ and the attention kernels themselves are functions in :mod:`scaletrain.models.at
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -287,9 +288,10 @@ class LlamaForCausalLM(nnx.Module):
         pa = self.config.partition_axis
         return _constrain(x, (pa.batch_axis, pa.sequence_axis, None))
 
-    def _run_layer(self, layer: nnx.Module, *args: Any) -> Any:
-        """``layer(*args)``, rematerialised in the backward pass as ``config.gradient_checkpointing`` says."""
-        return run_layer(layer, self.config.gradient_checkpointing, *args)
+    def _run_layer(self, layer: nnx.Module, *args: Any, call: Callable[..., Any] | None = None) -> Any:
+        """``layer(*args)`` (or ``call(layer, *args)``), rematerialised in the backward pass as
+        ``config.gradient_checkpointing`` says."""
+        return run_layer(layer, self.config.gradient_checkpointing, *args, call=call)
 
     def lm_head_weight(self) -> tuple[Array, bool]:
         """The output projection and whether it is transposed.
