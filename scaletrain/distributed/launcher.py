@@ -12,8 +12,9 @@ What each worker does, and why:
    the global mesh and trains; :func:`make_batch_iterator` gives each process its own
    rows of every global batch; orbax writes checkpoints from all processes into the
    run's ``output_dir`` (which every worker must reach: a shared or network folder).
-3. Metrics go to Ray through ``ray.train.report`` at every log step (a barrier, so all
-   ranks call it), and ``summary.json`` is written by process 0.
+3. ``metrics.jsonl`` and ``summary.json`` are written by process 0; the newest train record
+   goes to Ray through ``ray.train.report`` at each checkpoint and the summary at the end (a
+   report is a barrier, so all ranks call it, at the same steps).
 
 Fault tolerance: with ``max_failures > 0`` the driver starts the whole worker group again
 after a worker dies (:mod:`.failures`: a user error is reported at once, never retried);
