@@ -80,6 +80,18 @@ def test_variant_ab_compares_two_module_switches():
     assert float(values["b_over_a_speed_wall"]) > 0 and float(values["A_cpu_s"]) > 0
 
 
+def test_window_attention_times_mask_and_window_side_by_side(tmp_path):
+    out = tmp_path / "window.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "window_attention.py"), "--seq", "512", "--window", "64",
+           "--batch", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--rounds", "1", "--steps", "1",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["query_blocks"] > 1 and result["window_over_mask_speed_wall"] > 0
+    assert result["max_rel_diff"] < 1e-5  # the same float32 terms in the same order: equal up to rounding
+
+
 def test_host_memory_compares_hugepage_tunable_in_two_processes():
     cmd = [sys.executable, os.path.join(ROOT, "bench", "host_memory.py"), "--tiny", "--rounds", "1", "--steps", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)

@@ -148,6 +148,56 @@ def test_fused_attention_arguments_match_the_einsum_path(window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [1, 5, 64, 300])
+def test_a_window_over_unpacked_rows_needs_no_mask_array(window):
+    """Rows that are one unpadded sequence each with a sliding window give attention a
+    ``CausalWindow`` instead of a [B, 1, T, S] mask: cuDNN gets it as ``local_window_size``
+    (checked through JAX's XLA implementation of the same arguments) and the einsum path
+    builds it from iotas. Both equal
+    the einsum path with the mask ``build_attention_mask`` makes, in values and gradients;
+    windows of one token, inside one query block, across blocks, and longer than the rows."""
+    from scaletrain.models.attention import (
+        CausalWindow,
+        build_attention_mask,
+        causal_blocks,
+        dot_product_attention,
+        fused_attention,
+        prepare_inputs,
+    )
+
+    rng = np.random.default_rng(1)
+    b, t, nq, nkv, d = 2, 256, 4, 2, 8
+    ids = jnp.ones((b, t), jnp.int32)
+    inputs = prepare_inputs(ids, None, None, None, window, jnp.ones((d // 2,)))
+    assert inputs.mask == CausalWindow(window)
+    assert prepare_inputs(ids, None, None, None, None, jnp.ones((d // 2,))).mask is None
+    # explicit positions or a mask: the array, which reads them
+    assert prepare_inputs(ids, jnp.arange(t)[None].repeat(b, 0), None, None, window, jnp.ones((d // 2,))).mask.shape \
+        == (b, 1, t, t)
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (nq, nkv, nkv))
+    dense = build_attention_mask(jnp.ones((b, t), jnp.int32), jnp.arange(t)[None].repeat(b, 0), window)
+    blocks = causal_blocks(t, t)
+    assert blocks > 1
+
+    cotangent = jnp.asarray(rng.normal(size=(b, t, nq, d)), jnp.float32)
+
+    def out_and_grads(f):
+        out, vjp = jax.vjp(f, q, k, v)
+        return out, vjp(cotangent)
+
+    want = out_and_grads(lambda q, k, v: dot_product_attention(q, k, v, dense, jnp.float32, None))
+    for name, f in {
+        "fused": lambda q, k, v: fused_attention(q, k, v, CausalWindow(window), implementation="xla"),
+        "einsum": lambda q, k, v: dot_product_attention(q, k, v, CausalWindow(window), jnp.float32, None),
+        "einsum blocks": lambda q, k, v: dot_product_attention(q, k, v, CausalWindow(window), jnp.float32, None,
+                                                               blocks=blocks),
+    }.items():
+        got = out_and_grads(f)
+        # float32, the same terms summed in another order (at most 256 keys or queries per entry)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def test_cudnn_attention_only_where_its_partitioner_takes_the_shards(tiny_config_kwargs):
     """JAX's cuDNN attention refuses a sequence sharded over devices and heads that do not
     divide over tp (both seen compiling for 8 H100s, bench/aot.py --dims 1,2,1,2,2 and

@@ -102,12 +102,30 @@ class PackedSegments:
     zigzag: bool = False
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=[], meta_fields=["window"])
+@dataclasses.dataclass(frozen=True)
+class CausalWindow:
+    """Rows that are each one unpadded sequence, seen through a sliding ``window``: token ``i``
+    attends to ``j`` where ``i - window < j <= i``. Given to attention in place of the
+    [B, 1, T, S] mask because it needs no array: cuDNN takes the window itself (its
+    ``sliding_window_length``, no bias to read or differentiate) and the einsum path builds
+    it from iotas inside each block's fusion, as for plain causal attention."""
+
+    window: int
+
+    def block(self, q0: int, q1: int, k0: int, k1: int) -> Array:
+        """The [1, 1, q1 - q0, k1 - k0] booleans of queries ``q0:q1`` against keys ``k0:k1``."""
+        dist = jnp.arange(q0, q1)[:, None] - jnp.arange(k0, k1)[None, :]
+        return ((dist >= 0) & (dist < self.window))[None, None]
+
+
 class ForwardInputs(NamedTuple):
     """What each attention layer of a training forward reads besides the hidden states."""
 
     positions: Array  # [B, T] RoPE positions
     segment_ids: Array  # [B, T] the document of each token, 0 for padding
-    mask: Array | PackedSegments | None  # [B, 1, T, S] boolean, the segment ids, or None for plain causal
+    # [B, 1, T, S] boolean, the segment ids, a window over unpacked rows, or None for plain causal
+    mask: Array | PackedSegments | CausalWindow | None
     rope: tuple[Array, Array]  # rope_tables(positions, inv_freq)
 
 
@@ -121,19 +139,19 @@ def prepare_inputs(input_ids: Array, positions: Array | None, segment_ids: Array
     local and global layers) calls this once per kind with the same inputs, so every family
     reads the inputs one way. With ``mechanism="pallas"`` ``mask`` is the
     :class:`PackedSegments` (with the window), for any rows. Otherwise, with no segment ids,
-    attention mask or window, every row is one unpadded sequence: ``mask`` is None, plain
-    causal attention with no [B, 1, T, S] mask to build, read, or (on cuDNN, where a mask
-    becomes a bias) differentiate.
+    attention mask or positions, every row is one unpadded sequence: ``mask`` is None (plain
+    causal attention) or, with a window, :class:`CausalWindow`; there is no [B, 1, T, S] mask
+    to build, read, or (on cuDNN, where a mask becomes a bias) differentiate.
     """
-    causal_only = segment_ids is None and attention_mask is None and window is None
+    one_sequence_per_row = segment_ids is None and attention_mask is None and positions is None
     if segment_ids is None:
         segment_ids = attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
     if positions is None:
         positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
     if mechanism == "pallas":
         mask = PackedSegments(segment_ids, window=window)
-    elif causal_only:
-        mask = None
+    elif one_sequence_per_row:
+        mask = None if window is None else CausalWindow(window)
     else:
         mask = build_attention_mask(segment_ids, positions, window)
     return ForwardInputs(positions, segment_ids, mask, rope_tables(positions, inv_freq))
@@ -181,8 +199,8 @@ def causal_blocks(t: int, s: int) -> int:
     return max(n, 1)
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, softmax_dtype: Any, precision: Any,
-                          blocks: int = 1, scale: float | None = None) -> Array:
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWindow | None, softmax_dtype: Any,
+                          precision: Any, blocks: int = 1, scale: float | None = None) -> Array:
     """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
 
     Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
@@ -197,7 +215,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, soft
     up to summation order, for about ``(blocks + 1) / (2 blocks)`` of the work.
 
     ``mask=None`` is causal self-attention (``S == T``), the mask made from positions
-    inside each block's fusion rather than read from memory. ``scale`` multiplies the
+    inside each block's fusion rather than read from memory; a :class:`CausalWindow` the
+    same with its window. ``scale`` multiplies the
     scores (``1 / sqrt(head_dim)`` when None; Gemma 3 uses ``query_pre_attn_scalar ** -0.5``).
     """
     b, t, nq, d = q.shape
@@ -215,18 +234,24 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None, soft
         probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
         return matmul(probs, vb, batch=2, precision=precision)  # [b, kv, g, tq, d]
 
-    def block_mask(q0: int, q1: int, s: int) -> Array:
+    def block_mask(q0: int, q1: int, k0: int, k1: int) -> Array:
+        if isinstance(mask, CausalWindow):
+            return mask.block(q0, q1, k0, k1)
         if mask is not None:
-            return mask[:, :, q0:q1, :s]
-        return (jnp.arange(q0, q1)[:, None] >= jnp.arange(s)[None, :])[None, None]
+            return mask[:, :, q0:q1, k0:k1]
+        return (jnp.arange(q0, q1)[:, None] >= jnp.arange(k0, k1)[None, :])[None, None]
 
     if blocks <= 1:
-        out = attend(qh, kh, vh, block_mask(0, t, kh.shape[2]))
+        out = attend(qh, kh, vh, block_mask(0, t, 0, kh.shape[2]))
     else:
+        # a window's blocks could also skip the keys left of it, but keep the causal blocks' shapes:
+        # Gemma 3's stacked layers run both kinds in one lax.cond, which keeps one set of saved
+        # scores for both branches only where their shapes agree (+2.96 GB of temporaries for the
+        # Gemma-3-1B step on XLA's attention when they did not; bench/aot.py --model gemma3-1b)
         size = t // blocks
         out = jnp.concatenate(
             [attend(qh[:, :, :, i * size:(i + 1) * size], kh[:, :, :(i + 1) * size], vh[:, :, :(i + 1) * size],
-                    block_mask(i * size, (i + 1) * size, (i + 1) * size)) for i in range(blocks)],
+                    block_mask(i * size, (i + 1) * size, 0, (i + 1) * size)) for i in range(blocks)],
             axis=3,
         )
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
@@ -261,7 +286,7 @@ def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_prob
     )
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: Array | None,
+def fused_attention(q: Array, k: Array, v: Array, mask: Array | CausalWindow | None,
                     implementation: str | None = "cudnn", scale: float | None = None) -> Array:
     """``jax.nn.dot_product_attention`` on cuDNN (flash attention: no [T, S] scores kept).
 
@@ -270,7 +295,12 @@ def fused_attention(q: Array, k: Array, v: Array, mask: Array | None,
     ``is_causal`` lets cuDNN skip the blocks above the diagonal, so packed rows keep
     exactly the semantics of the einsum path. Softmax runs in float32 inside cuDNN.
     ``mask=None`` (rows that are one unpadded sequence) is ``is_causal`` alone: cuDNN's
-    kernel without a bias, whose backward also has no bias gradient to write.
+    kernel without a bias, whose backward also has no bias gradient to write; a
+    :class:`CausalWindow` is that kernel with cuDNN's own sliding window (``local_window_size``
+    ``(window - 1, 0)``: the ``window`` keys up to the query), again with no bias.
     """
+    if isinstance(mask, CausalWindow):
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+                                            local_window_size=(mask.window - 1, 0), implementation=implementation)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
                                         implementation=implementation)

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.attention import (
+    CausalWindow,
     ForwardInputs,
     KVCache,
     PackedSegments,
@@ -78,9 +79,11 @@ class Attention(nnx.Module):
         self.sequence_axis, self.batch_axis = config.partition_axis.sequence_axis, config.partition_axis.batch_axis
         self.head_axes = (config.partition_axis.head_axis, config.partition_axis.kv_head_axis)
 
-    def __call__(self, x: Array, mask: Array | None, rope: tuple[Array, Array]) -> Array:
-        """Self-attention over ``x``; ``mask`` [B, 1, T, S] from :func:`build_attention_mask`, or None
-        for plain causal attention (each row one unpadded sequence)."""
+    def __call__(self, x: Array, mask: Array | PackedSegments | CausalWindow | None,
+                 rope: tuple[Array, Array]) -> Array:
+        """Self-attention over ``x``; ``mask`` [B, 1, T, S] from :func:`build_attention_mask`, the
+        segment ids (:class:`PackedSegments`), or for rows that are each one unpadded sequence a
+        :class:`CausalWindow` or None (plain causal attention)."""
         b, t, _ = x.shape
         q, k, v = self._qkv(x, rope)
         sequence_split = active_axis_size(self.sequence_axis) > 1
