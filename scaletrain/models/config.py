@@ -129,6 +129,23 @@ class LlamaConfig(ConfigModel):
                 raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
         return self
 
+    @field_validator("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", mode="after")
+    @classmethod
+    def _at_least_one(cls, value: int | None) -> int | None:
+        # None: derived (head_dim, num_key_value_heads) or no window. A window of 0 would let each
+        # token see only itself, and a size of 0 fails far from its cause (or not at all)
+        if value is not None and value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("rms_norm_eps", "rope_theta", mode="after")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if not value > 0:  # also NaN
+            raise ValueError("must be > 0")
+        return value
+
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod
     def _remat_name(cls, value: Any) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig
@@ -48,6 +48,20 @@ class Gemma3TextConfig(LlamaConfig):
     bos_token_id: int | None = 2
     eos_token_id: int | list[int] | None = 1
     pad_token_id: int | None = 0
+
+    @field_validator("sliding_window_pattern", mode="after")
+    @classmethod
+    def _pattern(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1 (every n-th layer is global)")
+        return value
+
+    @field_validator("query_pre_attn_scalar", "rope_local_base_freq", "final_logit_softcapping", mode="after")
+    @classmethod
+    def _positive_scale(cls, value: float | None) -> float | None:
+        if value is not None and not value > 0:  # also NaN; a cap of 0 would squash every logit to 0
+            raise ValueError("must be > 0")
+        return value
 
     @model_validator(mode="after")
     def _layer_types(self) -> Gemma3TextConfig:

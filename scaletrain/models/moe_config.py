@@ -127,6 +127,8 @@ class Qwen3MoeConfig(_MoeParamCounts, Qwen3Config):
     @model_validator(mode="after")
     def _moe(self) -> Qwen3MoeConfig:
         _check_moe(self)
+        if self.moe_intermediate_size < 1:
+            raise ValueError(f"moe_intermediate_size must be at least 1 (got {self.moe_intermediate_size})")
         if self.decoder_sparse_step != 1:
             raise ValueError(f"decoder_sparse_step={self.decoder_sparse_step} is not supported (only 1): "
                              "layers with a dense MLP between the MoE layers are not implemented")
