@@ -10,6 +10,7 @@ epochs, tokens, schedule) at start.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any, Literal
@@ -192,6 +193,51 @@ class TrainingArguments(ConfigModel):
     def _positive(cls, value: int) -> int:
         if value <= 0:
             raise ValueError("must be > 0")
+        return value
+
+    @field_validator("learning_rate", "learning_rate_end", "warmup_steps", "epsilon", "weight_decay", "z_loss")
+    @classmethod
+    def _not_negative(cls, value: float | None) -> float | None:
+        # a negative learning rate or decay climbs the loss, and trains without a word
+        if value is not None and not (value >= 0 and math.isfinite(value)):  # NaN fails both
+            raise ValueError("must be >= 0 and finite")
+        return value
+
+    @field_validator("beta1", "beta2", "momentum")
+    @classmethod
+    def _decay_rate(cls, value: float) -> float:
+        # an average that forgets nothing (1) never moves, and Adam's bias correction divides by 1 - beta ** t
+        if not 0 <= value < 1:
+            raise ValueError("must be in [0, 1)")
+        return value
+
+    @field_validator("clip_grad")
+    @classmethod
+    def _clip(cls, value: float | None) -> float | None:
+        # 0 or null: no clipping (as the Hugging Face Trainer's max_grad_norm, its EasyDeL/HF name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ValueError("must be >= 0 (0 or null: no clipping)")
+        return value
+
+    @field_validator("save_interval_minutes", "peak_flops_per_device")
+    @classmethod
+    def _positive_float_or_none(cls, value: float | None) -> float | None:
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError("must be > 0 or null")
+        return value
+
+    @field_validator("generate_max_new_tokens")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("loss_chunk_size")
+    @classmethod
+    def _chunk(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1, 'auto' or null")
         return value
 
     @field_validator("training_time_limit")

@@ -98,6 +98,12 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
 
 def cmd_generate(ns: argparse.Namespace) -> int:
     from scaletrain.cli_hf import generate_main
+    from scaletrain.errors import ConfigError
+    from scaletrain.generation import sampling_problem
+
+    if problem := sampling_problem(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p):
+        name, what = problem
+        raise ConfigError(f"--{name.replace('_', '-')} {what}")  # before the model loads
 
     print(generate_main(ns.model_dir, ns.prompt, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
                         top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat))

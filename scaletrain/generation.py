@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+
+def sampling_problem(max_new_tokens: int, temperature: Any, top_k: int | None,
+                     top_p: Any | None) -> tuple[str, str] | None:
+    """The first sampling argument that cannot work, as (its name, what is wrong), or None.
+
+    Checked before anything compiles: ``top_k=0`` or ``top_p=0`` would keep no token and a
+    negative temperature would prefer the least likely ones. Traced values pass unchecked."""
+    def known(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if max_new_tokens < 0:
+        return "max_new_tokens", f"must be >= 0, got {max_new_tokens}"
+    if known(temperature) and not (temperature >= 0 and math.isfinite(temperature)):
+        return "temperature", f"must be >= 0 and finite (0: greedy), got {temperature}"
+    if top_k is not None and top_k < 1:
+        return "top_k", f"must be at least 1 (or unset: no top-k), got {top_k}"
+    if top_p is not None and known(top_p) and not 0 < top_p <= 1:
+        return "top_p", f"must be in (0, 1] (or unset: no top-p), got {top_p}"
+    return None
 
 
 def sample_token(
@@ -161,8 +182,8 @@ def generate(
     eos id, and N is cut to the last step any row still needed. Run it inside
     ``jax.set_mesh(mesh)`` for a sharded model, or outside any mesh.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if problem := sampling_problem(max_new_tokens, temperature, top_k, top_p):
+        raise ValueError(" ".join(problem))
     ragged = (
         attention_mask is None
         and isinstance(input_ids, (list, tuple))

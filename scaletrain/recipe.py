@@ -92,8 +92,8 @@ class SampleSection(BaseModel):
     prompt: str = "\n"
     max_new_tokens: int = Field(0, ge=0)
     temperature: float = Field(0.8, ge=0.0)
-    top_k: int | None = 40
-    top_p: float | None = None
+    top_k: int | None = Field(40, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int = 0
 
 

@@ -44,19 +44,26 @@ def test_recipe_errors_name_file_and_key(tmp_path):
         Recipe.load(str(tmp_path / "missing.yaml"))
 
 
-@pytest.mark.parametrize("recipe,override,message", [
-    ("shakespeare.yaml", {"sliding_window": 0}, "model.sliding_window: must be at least 1 (got 0)"),
-    ("shakespeare.yaml", {"hidden_size": 0}, "model.hidden_size: must be at least 1 (got 0)"),
-    ("shakespeare.yaml", {"num_key_value_heads": -2}, "model.num_key_value_heads: must be at least 1 (got -2)"),
-    ("shakespeare.yaml", {"rms_norm_eps": 0}, "model.rms_norm_eps: must be > 0 (got 0)"),
-    ("gemma3.yaml", {"sliding_window_pattern": 0}, "model.sliding_window_pattern: must be at least 1"),
-    ("gemma3.yaml", {"final_logit_softcapping": 0}, "model.final_logit_softcapping: must be > 0 (got 0)"),
+@pytest.mark.parametrize("recipe,section,override,message", [
+    ("shakespeare.yaml", "model", {"sliding_window": 0}, "model.sliding_window: must be at least 1 (got 0)"),
+    ("shakespeare.yaml", "model", {"hidden_size": 0}, "model.hidden_size: must be at least 1 (got 0)"),
+    ("shakespeare.yaml", "model", {"num_key_value_heads": -2}, "model.num_key_value_heads: must be at least 1 (got -2)"),
+    ("shakespeare.yaml", "model", {"rms_norm_eps": 0}, "model.rms_norm_eps: must be > 0 (got 0)"),
+    ("gemma3.yaml", "model", {"sliding_window_pattern": 0}, "model.sliding_window_pattern: must be at least 1"),
+    ("gemma3.yaml", "model", {"final_logit_softcapping": 0}, "model.final_logit_softcapping: must be > 0 (got 0)"),
+    ("shakespeare.yaml", "training", {"learning_rate": -0.001},
+     "training.learning_rate: must be >= 0 and finite (got -0.001)"),
+    ("shakespeare.yaml", "training", {"beta2": 1.0}, "training.beta2: must be in [0, 1) (got 1.0)"),
+    ("shakespeare.yaml", "training", {"weight_decay": -0.1}, "training.weight_decay: must be >= 0 and finite"),
+    ("shakespeare.yaml", "training", {"clip_grad": -1.0}, "training.clip_grad: must be >= 0 (0 or null: no clipping)"),
+    ("shakespeare.yaml", "training", {"loss_chunk_size": 0}, "training.loss_chunk_size: must be at least 1"),
 ])
-def test_model_sizes_that_cannot_work_are_refused_by_name(tmp_path, recipe, override, message):
-    """A window of 0 tokens would let each token see only itself and train silently; a size of 0 fails
-    far from its cause. Each is refused when the recipe loads, naming the file and the field."""
+def test_values_that_cannot_work_are_refused_by_name(tmp_path, recipe, section, override, message):
+    """A window of 0 tokens lets each token see only itself and a negative learning rate or weight
+    decay climbs the loss: both trained without a word. A size of 0 fails far from its cause. Each
+    is refused when the recipe loads, naming the file and the field."""
     data = yaml.safe_load(open(os.path.join(ROOT, "examples", recipe)))
-    data["model"] = {**data.get("model", {}), **override}
+    data[section] = {**data.get(section, {}), **override}
     path = tmp_path / recipe
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError) as err:

@@ -128,6 +128,28 @@ def test_sample_token_filters() -> None:
     assert draw(top_k=None, top_p=0.45) == {0}  # the first token alone reaches 0.45
 
 
+@pytest.mark.parametrize("argument,value,message", [
+    ("top_k", 0, "top_k must be at least 1"),
+    ("top_p", 0.0, "top_p must be in (0, 1]"),
+    ("top_p", 1.5, "top_p must be in (0, 1]"),
+    ("temperature", -0.5, "temperature must be >= 0 and finite"),
+    ("max_new_tokens", -1, "max_new_tokens must be >= 0"),
+])
+def test_sampling_arguments_that_keep_no_token_are_refused(tiny, capsys, argument, value, message) -> None:
+    """``top_k=0`` or ``top_p=0`` would keep no token, a negative temperature prefers the least likely:
+    ``generate`` refuses each by name, and ``scaletrain generate`` with one exit code and its flag,
+    before any model is loaded (the folder does not exist)."""
+    from scaletrain.cli import main
+
+    _, model = tiny
+    kwargs = {"max_new_tokens": 4, "temperature": 1.0, **{argument: value}}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("]", r"\]")):
+        generate(model, [[3, 4, 5]], **kwargs)
+    flag = "--" + argument.replace("_", "-")
+    assert main(["generate", "/nonexistent-model", "--prompt", "hi", "--temperature", "1", flag, str(value)]) == 2
+    assert f"scaletrain: error: {flag} {message.split(' ', 1)[1]}" in capsys.readouterr().err
+
+
 def test_generate_main_with_tokenizer(tiny, tmp_path) -> None:
     """The CLI helper loads the folder and its tokenizer and returns decoded new text."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -171,9 +171,10 @@ def test_a_window_over_unpacked_rows_needs_no_mask_array(window):
     inputs = prepare_inputs(ids, None, None, None, window, jnp.ones((d // 2,)))
     assert inputs.mask == CausalWindow(window)
     assert prepare_inputs(ids, None, None, None, None, jnp.ones((d // 2,))).mask is None
-    # explicit positions or a mask: the array, which reads them
-    assert prepare_inputs(ids, jnp.arange(t)[None].repeat(b, 0), None, None, window, jnp.ones((d // 2,))).mask.shape \
-        == (b, 1, t, t)
+    # a window over explicit positions: the array, which reads them; no window: plain causal, as before
+    given = jnp.arange(t)[None].repeat(b, 0)
+    assert prepare_inputs(ids, given, None, None, window, jnp.ones((d // 2,))).mask.shape == (b, 1, t, t)
+    assert prepare_inputs(ids, given, None, None, None, jnp.ones((d // 2,))).mask is None
     q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (nq, nkv, nkv))
     dense = build_attention_mask(jnp.ones((b, t), jnp.int32), jnp.arange(t)[None].repeat(b, 0), window)
     blocks = causal_blocks(t, t)

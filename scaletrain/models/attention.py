@@ -138,20 +138,24 @@ def prepare_inputs(input_ids: Array, positions: Array | None, segment_ids: Array
     count each row's real tokens. A model whose layers differ in window or RoPE (Gemma 3's
     local and global layers) calls this once per kind with the same inputs, so every family
     reads the inputs one way. With ``mechanism="pallas"`` ``mask`` is the
-    :class:`PackedSegments` (with the window), for any rows. Otherwise, with no segment ids,
-    attention mask or positions, every row is one unpadded sequence: ``mask`` is None (plain
-    causal attention) or, with a window, :class:`CausalWindow`; there is no [B, 1, T, S] mask
-    to build, read, or (on cuDNN, where a mask becomes a bias) differentiate.
+    :class:`PackedSegments` (with the window), for any rows. Otherwise, with no segment ids or
+    attention mask, every row is one unpadded sequence: ``mask`` is None (plain causal
+    attention) or, with a window and no ``positions`` given (the window counts positions, which
+    are then the token indices), :class:`CausalWindow`; there is no [B, 1, T, S] mask to build,
+    read, or (on cuDNN, where a mask becomes a bias) differentiate.
     """
-    one_sequence_per_row = segment_ids is None and attention_mask is None and positions is None
+    one_sequence_per_row = segment_ids is None and attention_mask is None
+    positions_are_indices = positions is None
     if segment_ids is None:
         segment_ids = attention_mask.astype(jnp.int32) if attention_mask is not None else jnp.ones_like(input_ids)
     if positions is None:
         positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=1) - 1, 0).astype(jnp.int32)
     if mechanism == "pallas":
         mask = PackedSegments(segment_ids, window=window)
-    elif one_sequence_per_row:
-        mask = None if window is None else CausalWindow(window)
+    elif one_sequence_per_row and window is None:
+        mask = None
+    elif one_sequence_per_row and positions_are_indices:
+        mask = CausalWindow(window)
     else:
         mask = build_attention_mask(segment_ids, positions, window)
     return ForwardInputs(positions, segment_ids, mask, rope_tables(positions, inv_freq))
