@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from scaletrain.config_keys import InvalidConfig
 from scaletrain.errors import CheckpointError
 
 
@@ -53,8 +54,12 @@ def load_checkpoint_model(
         meta = checkpointer.read_meta(step)
         config_dict = dict(meta["config"])
         config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
-        config = config_class.from_dict({**config_dict, **(config_overrides or {})})
-        args = TrainingArguments(**meta["arguments"])
+        try:
+            config = config_class.from_dict({**config_dict, **(config_overrides or {})})
+            args = TrainingArguments(**meta["arguments"])
+        except InvalidConfig as err:  # saved before a check that now refuses it (a window of 0 tokens)
+            raise CheckpointError(f"checkpoint {checkpointer.path(step)}: its saved configuration is not valid: "
+                                  f"{err}") from None
         dtype = dtype if dtype is not None else args.dtype
         param_dtype = param_dtype if param_dtype is not None else args.param_dtype
         if args.lora is None:

@@ -1,5 +1,6 @@
 """Checkpoint -> Hugging Face export through the CLI, reloaded by transformers; plot."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -167,6 +168,25 @@ def test_export_of_a_damaged_or_mismatched_checkpoint_is_a_clear_error(trained_r
         load_checkpoint_model(str(copy), 4)
     assert "TensorStore" not in str(err.value) and len(str(err.value)) < 1000  # the tensor, not its 60-line spec
     assert tree_hash(step_dir) == before
+
+
+def test_a_saved_config_refused_by_a_newer_check_names_the_checkpoint(trained_run, tmp_path):
+    """A checkpoint saved before a check that now refuses its config (a window of 0 tokens, once
+    accepted) is one message naming the checkpoint and the field; the checkpoint is not touched."""
+    from scaletrain.export import load_checkpoint_model
+
+    run, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    meta_path = copy / "checkpoints" / "4" / "meta" / "metadata"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["sliding_window"] = 0
+    meta_path.write_text(json.dumps(meta))
+    before = tree_hash(copy / "checkpoints" / "4")
+    with pytest.raises(CheckpointError, match=f"checkpoint {copy}/checkpoints/4: its saved configuration is not "
+                                              r"valid: LlamaConfig\.sliding_window: must be at least 1 \(got 0\)"):
+        load_checkpoint_model(str(copy), 4)
+    assert tree_hash(copy / "checkpoints" / "4") == before
 
 
 def test_export_of_missing_step_is_a_clear_error(trained_run, tmp_path):
