@@ -187,7 +187,7 @@ class TrainingArguments(ConfigModel):
         return dtype_name(value)
 
     @field_validator(
-        "total_batch_size", "gradient_accumulation_steps", "max_length", "log_steps"
+        "total_batch_size", "gradient_accumulation_steps", "max_length", "log_steps", "generate_max_new_tokens"
     )
     @classmethod
     def _positive(cls, value: int) -> int:
@@ -219,20 +219,6 @@ class TrainingArguments(ConfigModel):
             raise ValueError("must be >= 0 (0 or null: no clipping)")
         return value
 
-    @field_validator("save_interval_minutes", "peak_flops_per_device")
-    @classmethod
-    def _positive_float_or_none(cls, value: float | None) -> float | None:
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ValueError("must be > 0 or null")
-        return value
-
-    @field_validator("generate_max_new_tokens")
-    @classmethod
-    def _at_least_one(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError("must be at least 1")
-        return value
-
     @field_validator("loss_chunk_size")
     @classmethod
     def _chunk(cls, value: int | str | None) -> int | str | None:
@@ -249,11 +235,12 @@ class TrainingArguments(ConfigModel):
 
     @field_validator(
         "num_train_epochs", "max_training_steps", "evaluation_steps", "max_evaluation_steps", "save_steps",
-        "save_total_limit", "exit_iteration", "exit_iteration_this_run", "generate_steps",
+        "save_total_limit", "exit_iteration", "exit_iteration_this_run", "generate_steps", "save_interval_minutes",
+        "peak_flops_per_device",
     )
     @classmethod
-    def _positive_or_none(cls, value: int | None) -> int | None:
-        if value is not None and value <= 0:
+    def _positive_or_none(cls, value: float | None) -> float | None:
+        if value is not None and not (value > 0 and math.isfinite(value)):  # NaN fails both
             raise ValueError("must be > 0 or null")
         return value
 

@@ -113,9 +113,9 @@ class CausalWindow:
 
     window: int
 
-    def block(self, q0: int, q1: int, k0: int, k1: int) -> Array:
-        """The [1, 1, q1 - q0, k1 - k0] booleans of queries ``q0:q1`` against keys ``k0:k1``."""
-        dist = jnp.arange(q0, q1)[:, None] - jnp.arange(k0, k1)[None, :]
+    def block(self, q0: int, q1: int, s: int) -> Array:
+        """The [1, 1, q1 - q0, s] booleans of queries ``q0:q1`` against keys ``0:s``."""
+        dist = jnp.arange(q0, q1)[:, None] - jnp.arange(s)[None, :]
         return ((dist >= 0) & (dist < self.window))[None, None]
 
 
@@ -238,15 +238,15 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
         probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
         return matmul(probs, vb, batch=2, precision=precision)  # [b, kv, g, tq, d]
 
-    def block_mask(q0: int, q1: int, k0: int, k1: int) -> Array:
+    def block_mask(q0: int, q1: int, s: int) -> Array:
         if isinstance(mask, CausalWindow):
-            return mask.block(q0, q1, k0, k1)
+            return mask.block(q0, q1, s)
         if mask is not None:
-            return mask[:, :, q0:q1, k0:k1]
-        return (jnp.arange(q0, q1)[:, None] >= jnp.arange(k0, k1)[None, :])[None, None]
+            return mask[:, :, q0:q1, :s]
+        return (jnp.arange(q0, q1)[:, None] >= jnp.arange(s)[None, :])[None, None]
 
     if blocks <= 1:
-        out = attend(qh, kh, vh, block_mask(0, t, 0, kh.shape[2]))
+        out = attend(qh, kh, vh, block_mask(0, t, kh.shape[2]))
     else:
         # a window's blocks could also skip the keys left of it, but keep the causal blocks' shapes:
         # Gemma 3's stacked layers run both kinds in one lax.cond, which keeps one set of saved
@@ -255,7 +255,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
         size = t // blocks
         out = jnp.concatenate(
             [attend(qh[:, :, :, i * size:(i + 1) * size], kh[:, :, :(i + 1) * size], vh[:, :, :(i + 1) * size],
-                    block_mask(i * size, (i + 1) * size, 0, (i + 1) * size)) for i in range(blocks)],
+                    block_mask(i * size, (i + 1) * size, (i + 1) * size)) for i in range(blocks)],
             axis=3,
         )
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)

@@ -57,6 +57,20 @@ def to_dtype(value: Any) -> Any:
     return DTYPES[dtype_name(value)]
 
 
+def at_least_one(value: int | None) -> int | None:
+    """A size, count or window of at least 1 (None passes: derived or absent). For validators."""
+    if value is not None and value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def positive(value: float | None) -> float | None:
+    """A scale or epsilon above 0 (None passes: absent; NaN fails). For validators."""
+    if value is not None and not value > 0:
+        raise ValueError("must be > 0")
+    return value
+
+
 class LlamaConfig(ConfigModel):
     """Llama-family decoder config (Llama, Mistral and Qwen2 share it)."""
 
@@ -135,16 +149,12 @@ class LlamaConfig(ConfigModel):
     def _at_least_one(cls, value: int | None) -> int | None:
         # None: derived (head_dim, num_key_value_heads) or no window. A window of 0 would let each
         # token see only itself, and a size of 0 fails far from its cause (or not at all)
-        if value is not None and value < 1:
-            raise ValueError("must be at least 1")
-        return value
+        return at_least_one(value)
 
     @field_validator("rms_norm_eps", "rope_theta", mode="after")
     @classmethod
     def _positive(cls, value: float) -> float:
-        if not value > 0:  # also NaN
-            raise ValueError("must be > 0")
-        return value
+        return positive(value)
 
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod

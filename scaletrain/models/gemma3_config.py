@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import field_validator, model_validator
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.config import LlamaConfig, positive
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs, rope_from_hf, rope_to_hf
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -59,9 +59,7 @@ class Gemma3TextConfig(LlamaConfig):
     @field_validator("query_pre_attn_scalar", "rope_local_base_freq", "final_logit_softcapping", mode="after")
     @classmethod
     def _positive_scale(cls, value: float | None) -> float | None:
-        if value is not None and not value > 0:  # also NaN; a cap of 0 would squash every logit to 0
-            raise ValueError("must be > 0")
-        return value
+        return positive(value)  # a cap of 0 would squash every logit to 0
 
     @model_validator(mode="after")
     def _layer_types(self) -> Gemma3TextConfig:

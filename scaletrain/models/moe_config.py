@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig, Qwen3Config
+from scaletrain.models.config import LlamaConfig, Qwen3Config, at_least_one
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs, check_silu
 
 #: keys of other MoE families' configs that would add shared experts we do not compute
@@ -124,11 +124,14 @@ class Qwen3MoeConfig(_MoeParamCounts, Qwen3Config):
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
 
+    @field_validator("moe_intermediate_size", mode="after")
+    @classmethod
+    def _expert_width(cls, value: int) -> int:
+        return at_least_one(value)
+
     @model_validator(mode="after")
     def _moe(self) -> Qwen3MoeConfig:
         _check_moe(self)
-        if self.moe_intermediate_size < 1:
-            raise ValueError(f"moe_intermediate_size must be at least 1 (got {self.moe_intermediate_size})")
         if self.decoder_sparse_step != 1:
             raise ValueError(f"decoder_sparse_step={self.decoder_sparse_step} is not supported (only 1): "
                              "layers with a dense MLP between the MoE layers are not implemented")
