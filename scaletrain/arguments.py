@@ -251,6 +251,10 @@ class TrainingArguments(ConfigModel):
                 f"total_batch_size ({self.total_batch_size}) must be divisible by "
                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps})"
             )
+        if "num_train_epochs" not in self.model_fields_set:
+            # an explicit step budget wins over the default epoch count, as HF's max_steps and EasyDeL's
+            # max_training_steps do; set in __dict__ (no re-validation) so assignments follow the rule too
+            self.__dict__["num_train_epochs"] = None if self.max_training_steps is not None else 1
         if self.num_train_epochs is None and self.max_training_steps is None:
             raise ValueError("set num_train_epochs or max_training_steps (or both)")
         return self

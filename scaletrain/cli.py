@@ -1,6 +1,7 @@
 """``scaletrain`` command line: ``train``, ``sweep``, ``generate``, ``export`` and ``plot``.
 
-User errors (:class:`ScaletrainError`) print one message and exit with status 2;
+User errors (:class:`ScaletrainError`) print one message and exit with status 2; Ctrl-C
+outside training (which stops at a checkpoint instead) prints one line and exits with 130;
 anything else is a bug and keeps its traceback.
 """
 
@@ -126,6 +127,14 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before training took over SIGINT (while importing, tokenizing, ...)
+        print("\nscaletrain: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:  # a real command line (not a call from Python): restart with huge pages if useful
         from scaletrain.host_memory import reexec_with_hugepages
 

@@ -8,7 +8,9 @@ same recipe (a resume, a restart after a crash, the next rung of a sweep with th
 shapes) loads them instead. Only compilations that took at least JAX's
 ``jax_persistent_cache_min_compile_time_secs`` (1 s by default) are written.
 
-The cache is trusted code: point it only at a directory that no one else can write.
+The default folder is ``~/.cache/scaletrain/jax``, or ``$SCALETRAIN_CACHE/jax`` when that is
+set (where converted models and prepared tokenizers go too). The cache is trusted code:
+point it only at a directory that no one else can write.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def enable_compilation_cache(path: str | None) -> str | None:
     current = jax.config.jax_compilation_cache_dir
     if current or path is None:
         return current or None
+    if path == DEFAULT_DIR and os.environ.get("SCALETRAIN_CACHE"):  # the default follows scaletrain's cache folder
+        path = os.path.join(os.environ["SCALETRAIN_CACHE"], "jax")
     path = os.path.abspath(os.path.expanduser(path))
     try:
         os.makedirs(path, exist_ok=True)

@@ -11,6 +11,7 @@ into :class:`InvalidConfig` with :func:`format_validation_error`.
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,21 +66,42 @@ def key_errors(title: str, problems: list[tuple[str, str, Any]],
     return ValidationError.from_exception_data(title, details)
 
 
-def format_validation_error(err: ValidationError, where: str) -> str:
+def format_validation_error(err: ValidationError, where: str, model: type[BaseModel] | None = None) -> str:
     """One line per problem: ``where.key: what is wrong (got value)``."""
-    lines = []
+    return "\n".join(text for _, text in problem_lines(err, where, model))
+
+
+def problem_lines(err: ValidationError, where: str, model: type[BaseModel] | None = None) -> list[tuple[str, str]]:
+    """``(dotted key path, line)`` per problem. With the validated ``model``, an unknown key gets a "did you mean"
+    from the keys valid at its place (a misspelled recipe section, ``mesh.axis_dim``)."""
+    out = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        key = ".".join(x for x in (where, loc) if x) or "(top level)"
+        path = ".".join(str(p) for p in e["loc"])
+        key = ".".join(x for x in (where, path) if x) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            valid = _keys_at(model, e["loc"][:-1]) if model is not None else None
+            msg = "unknown key" + (did_you_mean(str(e["loc"][-1]), valid) if valid else "")
         got = e.get("input")
         quiet = e["type"] in ("extra_forbidden", "missing", KEY_ERROR) or isinstance(got, dict)
         shown = "" if quiet else f" (got {got!r})"
         # a nested validator already named the full key path: don't repeat it
-        lines.append(f"{msg}{shown}" if msg.startswith(f"{key}.") else f"{key}: {msg}{shown}")
-    return "\n".join(lines)
+        out.append((path, f"{msg}{shown}" if msg.startswith(f"{key}.") else f"{key}: {msg}{shown}"))
+    return out
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names of the (nested) model found at ``loc`` under ``model``; None past a non-model field."""
+    cls: Any = model
+    for part in loc:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        options = typing.get_args(field.annotation) or (field.annotation,)
+        cls = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if cls is None:
+            return None
+    return list(cls.model_fields)
 
 
 def raise_invalid(err: ValidationError, where: str) -> None:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from scaletrain.arguments import TrainingArguments, format_validation_error
+from scaletrain.config_keys import problem_lines
 from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
 from scaletrain.models.lora_config import LoRAConfig
@@ -160,11 +161,13 @@ class Recipe(BaseModel):
         return self
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "recipe") -> Recipe:
+    def from_dict(cls, data: dict[str, Any], where: str = "recipe", overrides: tuple[str, ...] | list[str] = ()
+                  ) -> Recipe:
+        """Validate ``data``; every problem on one line, an override's named as the user typed it."""
         try:
             recipe = cls(**data)
         except ValidationError as err:
-            raise ConfigError(f"{where}: invalid recipe\n" + format_validation_error(err, "")) from None
+            raise ConfigError(recipe_problems(err, cls, where, overrides)) from None
         recipe.check_lengths(where)
         return recipe
 
@@ -183,15 +186,12 @@ class Recipe(BaseModel):
         """Read ``path`` (YAML), apply ``key.path=value`` overrides, validate."""
         if not os.path.isfile(path):
             raise ConfigError(f"recipe file not found: {path}")
-        try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        with open(path) as f:
+            data = load_yaml(f, path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the recipe must be a mapping of sections, got {type(data).__name__}")
         data = apply_overrides(data, overrides)
-        return cls.from_dict(data, where=path)
+        return cls.from_dict(data, where=path, overrides=overrides)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -224,3 +224,48 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
             node = child
         node[parts[-1]] = value
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last, silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"{self.name}: line {line}: key {key!r} is given twice in one section (first on "
+                                  f"line {seen[key]}); the second would silently win, so keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(stream: Any, name: str) -> Any:
+    """Parse a recipe's YAML; a syntax error or a repeated key is one ConfigError naming ``name``."""
+    loader = _UniqueKeyLoader(stream)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{name}: not valid YAML: {err}") from None
+    finally:
+        loader.dispose()
+
+
+def recipe_problems(err: ValidationError, model: type[BaseModel], where: str,
+                    overrides: tuple[str, ...] | list[str] = ()) -> str:
+    """``<file>: invalid recipe`` and one line per problem; a problem an override made names that override.
+
+    Why: the user typed the override on the command line, and pointing at the file alone
+    sends them looking for a key that is not there.
+    """
+    keys = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
+    lines, from_file = [], False
+    for loc, line in problem_lines(err, "", model=model):
+        item = next((keys[k] for k in keys if loc == k or loc.startswith(k + ".") or k.startswith(loc + ".")), None)
+        from_file |= item is None
+        lines.append(line if item is None else f"{line} [command-line override {item!r}]")
+    title = f"{where}: invalid recipe" if from_file else f"invalid command-line override (recipe {where})"
+    return title + "\n" + "\n".join(lines)
+

@@ -16,22 +16,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from scaletrain.compile_cache import enable_compilation_cache
-from scaletrain.errors import ConfigError, DataError
+from scaletrain.errors import ConfigError, DataError, ScaletrainError
 from scaletrain.recipe import Recipe
 
 logger = logging.getLogger("scaletrain")
 
 
 def load_datasets(recipe: Recipe, tokenizer: Any) -> Any:
-    """Packed train/eval rows for ``data`` (pre-training text or chat), see scaletrain.data.build."""
+    """Packed train/eval rows for ``data`` (pre-training text or chat), see scaletrain.data.build.
+
+    The stats are logged here and written to ``data_stats.json`` only when training starts
+    (:func:`_run_files_writer`), so a start refused later leaves an earlier run's file as it was.
+    """
     from scaletrain.data.build import build_datasets
 
     args = recipe.training
     splits = build_datasets(recipe.data, tokenizer, max_length=args.max_length, seed=args.seed,
                             truncation_mode=args.truncation_mode)
     logger.info("data: %s", json.dumps(splits.stats, default=float))
-    with open(os.path.join(args.ensure_output_dir(), "data_stats.json"), "w") as f:
-        json.dump(splits.stats, f, indent=2, sort_keys=True, default=float)
     return splits
 
 
@@ -51,10 +53,38 @@ def load_tokenizer(recipe: Recipe) -> Any:
 
 def build_model(recipe: Recipe, tokenizer: Any) -> Any:
     """A new model from ``model`` keys, sized to the tokenizer, sharded on the recipe's mesh."""
-    from scaletrain.models import create_sharded_model, get_modules_by_type
+    from scaletrain.models import create_sharded_model
 
     if recipe.model.pretrained:
         return load_pretrained(recipe, tokenizer)
+    config, module_class = new_model_config(recipe, tokenizer)
+    check_vocab(tokenizer, config.vocab_size, recipe)
+    model, _ = create_sharded_model(
+        module_class, config, dtype=recipe.training.dtype, param_dtype=recipe.training.param_dtype,
+        seed=recipe.training.seed,
+    )
+    return model
+
+
+def model_config(recipe: Recipe, tokenizer: Any) -> tuple[Any, type]:
+    """``(config, module class)`` of the model the recipe will train: a pretrained folder's (with the
+    recipe's layout and runtime keys) or a new one's, sized to the tokenizer. Reads no weights."""
+    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
+    from scaletrain.models.hf_config import load_hf_config
+    from scaletrain.models.registry import get_modules_by_type
+
+    if not recipe.model.pretrained:
+        return new_model_config(recipe, tokenizer)
+    config = load_hf_config(recipe.model.pretrained, sharding_axis_dims=recipe.mesh.axis_dims,
+                            partition_axis=recipe.mesh.partition_axis)
+    keys = {k: v for k, v in recipe.model.config_overrides.items() if k in (*LAYOUT_KEYS, *RUNTIME_KEYS)}
+    config = config.model_copy(update=keys) if keys else config
+    return config, get_modules_by_type(config.model_type)[1]
+
+
+def new_model_config(recipe: Recipe, tokenizer: Any) -> tuple[Any, type]:
+    from scaletrain.models import get_modules_by_type
+
     config_class, module_class = get_modules_by_type(recipe.model.type)
     keys = dict(recipe.model.config_overrides)
     vocab = len(tokenizer)
@@ -71,12 +101,7 @@ def build_model(recipe: Recipe, tokenizer: Any) -> Any:
         sharding_axis_names=recipe.mesh.axis_names,
         partition_axis=recipe.mesh.partition_axis,
     )
-    check_vocab(tokenizer, config.vocab_size, recipe)
-    model, _ = create_sharded_model(
-        module_class, config, dtype=recipe.training.dtype, param_dtype=recipe.training.param_dtype,
-        seed=recipe.training.seed,
-    )
-    return model
+    return config, module_class
 
 
 def check_vocab(tokenizer: Any, vocab_size: int, recipe: Recipe) -> None:
@@ -130,9 +155,18 @@ def check_pretrained_keys(recipe: Recipe) -> None:
     from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
     from scaletrain.models.hf_config import load_hf_config
 
+    if problem := pretrained_key_problem(recipe):
+        raise ConfigError(problem)
+
+
+def pretrained_key_problem(recipe: Recipe) -> str | None:
+    """:func:`check_pretrained_keys`'s finding as a sentence, or None."""
+    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
+    from scaletrain.models.hf_config import load_hf_config
+
     extra = {k: v for k, v in recipe.model.config_overrides.items() if k not in (*RUNTIME_KEYS, *LAYOUT_KEYS)}
     if not extra:
-        return
+        return None
     folder = recipe.model.pretrained
     saved = load_hf_config(folder)
     as_saved = saved.to_dict()
@@ -140,11 +174,12 @@ def check_pretrained_keys(recipe: Recipe) -> None:
     conflicts = [f"model.{k}={v!r} (the folder has {getattr(base, k)!r})"
                  for k, v in sorted(extra.items()) if getattr(asked, k) != getattr(base, k)]
     if conflicts:
-        raise ConfigError(
+        return (
             f"model.pretrained={folder} takes its architecture from {folder}/config.json, but the recipe sets "
             f"{', '.join(conflicts)}; remove these keys from the model section (only "
             f"{sorted(RUNTIME_KEYS + LAYOUT_KEYS)} may differ), or start from examples/chat_sft_smollm2.yaml"
         )
+    return None
 
 
 def run_training(recipe: Recipe, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
@@ -174,8 +209,9 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
 
     args = recipe.training
     enable_compilation_cache(args.compilation_cache_dir)  # before the model's initialiser compiles
-    out = args.ensure_output_dir()
+    out = args.output_dir
     tokenizer = load_tokenizer(recipe)
+    check_recipe(recipe, tokenizer)
     splits = load_datasets(recipe, tokenizer)
     model = build_model(recipe, tokenizer)
     has_eval = len(splits.eval) > 0
@@ -186,7 +222,7 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
         dataset_eval=splits.eval if has_eval else None,
         eval_bytes_per_token=splits.eval_bytes_per_token if has_eval and splits.eval_bytes_per_token > 0 else None,
         tokenizer=tokenizer,
-        callbacks=[_recipe_writer(recipe, out), *callbacks],
+        callbacks=[_run_files_writer(recipe, out, splits.stats), *callbacks],
     )
     trainer.recipe = recipe.to_dict()
     output = trainer.train()
@@ -203,18 +239,44 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
     return summary
 
 
-def _recipe_writer(recipe: Recipe, out: str) -> Any:
+def check_recipe(recipe: Recipe, tokenizer: Any) -> None:
+    """Every check that needs no data (:mod:`scaletrain.preflight`), reported together before tokenizing."""
+    from scaletrain.preflight import problems_before_data, raise_problems
+
+    problems = [_first_error(pretrained_key_problem, recipe)] if recipe.model.pretrained else []
+    try:
+        config, module_class = model_config(recipe, tokenizer)
+    except ScaletrainError as err:
+        raise_problems([*problems, str(err)])
+        raise
+    problems.append(_first_error(check_vocab, tokenizer, config.vocab_size, recipe))
+    raise_problems([*problems, *problems_before_data(recipe, config, module_class)])
+
+
+def _first_error(check: Any, *args: Any) -> str | None:
+    """What ``check(*args)`` raises as a user error, as text (None when it passes)."""
+    try:
+        result = check(*args)
+    except ScaletrainError as err:
+        return str(err)
+    return result
+
+
+def _run_files_writer(recipe: Recipe, out: str, data_stats: dict[str, Any]) -> Any:
     from scaletrain.training.callbacks import Callback
 
-    class WriteRecipe(Callback):
-        """``recipe.yaml`` at ``pre_train``: after the data, model, trainer and resume checks all
-        passed, so an invocation that fails any of them leaves the last run's file as it was."""
+    class WriteRunFiles(Callback):
+        """``recipe.yaml`` and ``data_stats.json`` at ``pre_train``: after the data, model, trainer and
+        resume checks all passed, so an invocation that fails any of them leaves the last run's files as
+        they were (and a new folder empty)."""
 
         def pre_train(self, trainer: Any, state: Any) -> None:
             if trainer.is_main_process:
                 write_text_atomic(os.path.join(out, "recipe.yaml"), recipe.to_yaml())
+                write_text_atomic(os.path.join(out, "data_stats.json"),
+                                  json.dumps(data_stats, indent=2, sort_keys=True, default=float))
 
-    return WriteRecipe()
+    return WriteRunFiles()
 
 
 def write_text_atomic(path: str, text: str) -> None:

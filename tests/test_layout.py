@@ -19,7 +19,7 @@ MAX_LINES = 450
 # the first matching prefix decides a module's layer
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (5, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
-    (4, ("scaletrain.run", "scaletrain.recipe", "scaletrain.export", "scaletrain.plot", "scaletrain.distributed")),
+    (4, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot", "scaletrain.distributed")),
     (3, ("scaletrain.training",)),
     (2, ("scaletrain.data", "scaletrain.models", "scaletrain.generation", "scaletrain.arguments")),
     (1, ("scaletrain.parallel",)),

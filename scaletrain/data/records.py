@@ -88,6 +88,9 @@ def check_messages(value: Any) -> Messages:
         if not isinstance(content, str):
             raise ValueError(f"message {i} ({role}) has content of type {type(content).__name__}, expected a string")
         messages.append({k: v for k, v in message.items() if v is not None})
+    if messages[-1]["role"] == "user":  # nothing answers it: its tokens would be input to no reply, counted nowhere
+        raise ValueError(f"the conversation ends with a user turn (message {len(messages) - 1}) that no assistant "
+                         "turn answers; end it with the assistant's reply or drop that turn")
     return messages
 
 

@@ -96,10 +96,11 @@ def _open_binary(path: str) -> IO[bytes]:
 
 
 def _missing_column(column: str, origin: str, present: Iterable[str]) -> DataError:
-    return DataError(
-        f"{origin}: no column {column!r}; the columns present are {sorted(present)} "
-        f"(set data.text_column / data.messages_column)"
-    )
+    present = sorted(present)
+    chat = [c for c in present if c in ("messages", "conversations")]
+    hint = (f"these look like conversations: set data.kind: chat (and data.messages_column: {chat[0]})" if chat
+            and column not in ("messages", "conversations") else "set data.text_column / data.messages_column")
+    return DataError(f"{origin}: no column {column!r}; the columns present are {present} ({hint})")
 
 
 class _BadRowValue:

@@ -18,27 +18,32 @@ from scaletrain.errors import ConfigError
 AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
 
 
-def resolve_axis_dims(dims: Sequence[int], device_count: int) -> tuple[int, ...]:
-    """Replace a single ``-1`` in ``dims`` so that their product is ``device_count``."""
+def resolve_axis_dims(dims: Sequence[int], device_count: int, name: str = "sharding_axis_dims") -> tuple[int, ...]:
+    """Replace a single ``-1`` in ``dims`` so that their product is ``device_count``.
+
+    ``name``: the field the dims came from, as the user wrote it (a recipe's ``mesh.axis_dims``,
+    the Python API's ``sharding_axis_dims``).
+    """
     dims = tuple(int(d) for d in dims)
     free = [i for i, d in enumerate(dims) if d == -1]
     if len(free) > 1:
-        raise ConfigError(f"sharding_axis_dims {dims}: at most one axis may be -1")
+        raise ConfigError(f"{name} {list(dims)}: at most one axis may be -1")
     if any(d == 0 or d < -1 for d in dims):
-        raise ConfigError(f"sharding_axis_dims {dims}: every axis must be a positive size or -1")
+        raise ConfigError(f"{name} {list(dims)}: every axis must be a positive size or -1")
     fixed = math.prod(d for d in dims if d != -1)
     if free:
         if device_count % fixed:
-            raise ConfigError(
-                f"sharding_axis_dims {dims}: {device_count} devices are not divisible by the "
-                f"fixed axes' product {fixed}"
-            )
+            raise ConfigError(f"{name} {list(dims)}: {_devices(device_count)} cannot be split by the fixed axes' "
+                              f"product {fixed}")
         dims = tuple(device_count // fixed if d == -1 else d for d in dims)
     if math.prod(dims) != device_count:
-        raise ConfigError(
-            f"sharding_axis_dims {dims} use {math.prod(dims)} devices but {device_count} are available"
-        )
+        raise ConfigError(f"{name} {list(dims)} uses {math.prod(dims)} devices but {_devices(device_count)} "
+                          f"{'is' if device_count == 1 else 'are'} available")
     return dims
+
+
+def _devices(count: int) -> str:
+    return f"{count} device{'' if count == 1 else 's'}"
 
 
 def create_mesh(

@@ -243,3 +243,23 @@ def batch_spec(partition_axis: PartitionAxis, mesh: Mesh, ndim: int = 2) -> Part
 
     parts: list[AxisSpec] = [present(rules["batch"]), present(rules["sequence"])]
     return PartitionSpec(*parts[:ndim], *([None] * max(0, ndim - 2)))
+
+
+def batch_problems(spec: tuple[AxisSpec, ...], mesh_shape: dict[str, int], *, total_batch_size: int,
+                   max_length: int) -> list[str]:
+    """What keeps a global batch from being split by ``step_partition_spec`` (batch axes, then sequence
+    axes) over a mesh of ``mesh_shape``, one clause per problem naming the training field; [] if it fits.
+
+    Read by the trainer (on its mesh) and by the recipe's checks before any data is read.
+    """
+    unknown = [a for axes in spec for a in axis_names(axes) if a not in mesh_shape]
+    if unknown:
+        return [f"training.step_partition_spec names mesh axis {unknown[0]!r}; the mesh has {list(mesh_shape)}"]
+    out = []
+    batch_shards = math.prod(mesh_shape[a] for a in axis_names(spec[0])) if spec else 1
+    if total_batch_size % batch_shards:
+        out.append(f"training.total_batch_size={total_batch_size} must be divisible by the batch mesh "
+                   f"axes {spec[0]} (size {batch_shards})")
+    if len(spec) > 1 and max_length % math.prod(mesh_shape[a] for a in axis_names(spec[1])):
+        out.append(f"training.max_length={max_length} must be divisible by the sequence axes {spec[1]}")
+    return out

@@ -25,7 +25,7 @@ from scaletrain.compile_cache import enable_compilation_cache
 from scaletrain.data.loader import as_source_or_rows, make_batch_iterator, steps_per_epoch
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.models.factory import place_model
-from scaletrain.parallel.partition import axis_names
+from scaletrain.parallel.partition import batch_problems
 from scaletrain.training.callbacks import (
     Callback,
     CheckpointSaver,
@@ -149,6 +149,17 @@ class BaseTrainer(BaseTrainerProtocol):
     @property
     def model_state(self) -> TrainState:
         return self._model_state
+
+    @property
+    def parameter_counts(self) -> tuple[int, int]:
+        """``(trainable, total)``: equal for a full fine-tune; with LoRA the adapters and adapters + base.
+
+        The base is counted from its config, not its arrays: QLoRA stores it as packed codes and scales.
+        """
+        trainable = self._model_state.num_params
+        if self._model_state.frozen is None:
+            return trainable, trainable
+        return trainable, trainable + self._model.config.num_params
 
     @property
     def dtype(self) -> Any:
@@ -299,7 +310,8 @@ class BaseTrainer(BaseTrainerProtocol):
             "config": self._model.config.to_dict(),
             "arguments": self.arguments.model_dump(mode="json"),
             "recipe": self.recipe,
-            "num_params": self._model_state.num_params,
+            "num_params": self.parameter_counts[1],
+            "num_trainable_params": self.parameter_counts[0],
             "train_rows": len(self._train_source),
             "mesh": dict(self._mesh.shape),
             "lora": self.lora_base_record(state),
@@ -431,16 +443,8 @@ def _check_like(tree: Any, like: Any, what: str) -> None:
 def batch_sharding(args: TrainingArguments, mesh: Mesh) -> NamedSharding:
     """The sharding of a global batch (``step_partition_spec``), checked against the mesh and the shapes."""
     spec = PartitionSpec(*args.step_partition_spec)
-    for axes in args.step_partition_spec:
-        for a in axis_names(axes):
-            if a not in mesh.shape:
-                raise ConfigError(f"training.step_partition_spec names mesh axis {a!r}; the mesh has {list(mesh.shape)}")
-    batch_shards = math.prod(mesh.shape[a] for a in axis_names(spec[0]))
-    if args.total_batch_size % batch_shards:
-        raise ConfigError(
-            f"training.total_batch_size={args.total_batch_size} must be divisible by the batch mesh "
-            f"axes {spec[0]} (size {batch_shards})"
-        )
-    if len(spec) > 1 and args.max_length % math.prod(mesh.shape[a] for a in axis_names(spec[1])):
-        raise ConfigError(f"training.max_length={args.max_length} must be divisible by the sequence axes {spec[1]}")
+    problems = batch_problems(args.step_partition_spec, dict(mesh.shape), total_batch_size=args.total_batch_size,
+                              max_length=args.max_length)
+    if problems:
+        raise ConfigError("; ".join(problems))
     return NamedSharding(mesh, spec)

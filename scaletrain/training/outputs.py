@@ -44,21 +44,21 @@ def read_summary(output_dir: str) -> dict[str, Any] | None:
         return None
 
 
-def format_plan(arguments: Any, *, model_config: Any, num_params: int, param_dtype: Any, dtype: Any, mesh: Any,
+def format_plan(arguments: Any, *, model_config: Any, parameter_counts: tuple[int, int], param_dtype: Any,
+                dtype: Any, mesh: Any,
                 start_step: int, max_training_steps: int, steps_per_epoch: int, num_epochs: int | None) -> str:
     """The resolved run plan: nothing that shapes the schedule stays hidden (printed at start)."""
     a, cfg = arguments, model_config
     tokens = max_training_steps * a.total_batch_size * a.max_length
     lines = [
         f"output_dir      {os.path.abspath(a.output_dir)}",
-        f"model           {cfg.model_type}: {num_params / 1e6:.2f}M parameters, "
+        f"model           {cfg.model_type}: {format_parameter_counts(*parameter_counts)}, "
         f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}",
         f"precision       params {jnp.dtype(param_dtype).name}, compute {jnp.dtype(dtype).name}, "
         f"softmax/loss float32",
         f"mesh            {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
         f"device(s), {jax.process_count()} process(es)",
-        f"steps           {start_step} -> {max_training_steps} "
-        f"({steps_per_epoch} per epoch, epochs={num_epochs}, max_training_steps={a.max_training_steps})",
+        f"steps           {start_step} -> {max_training_steps} ({horizon_reason(a, steps_per_epoch, num_epochs)})",
         f"batch           {a.total_batch_size} x {a.max_length} tokens "
         f"({a.gradient_accumulation_steps} micro-batches), {tokens / 1e6:.2f}M tokens in all",
         f"schedule        {a.optimizer}, {a.scheduler} lr {a.learning_rate:g} -> "
@@ -66,6 +66,24 @@ def format_plan(arguments: Any, *, model_config: Any, num_params: int, param_dty
         f"weight decay {a.weight_decay}",
     ]
     return "run plan\n  " + "\n  ".join(lines)
+
+
+def format_parameter_counts(trainable: int, total: int) -> str:
+    """``9.78M parameters``, or with a frozen base ``9,216 trainable of 9.78M parameters (0.09%)``."""
+    if trainable == total:
+        return f"{total / 1e6:.2f}M parameters"
+    return f"{trainable:,} trainable of {total / 1e6:.2f}M parameters ({100 * trainable / total:.2g}%)"
+
+
+def horizon_reason(arguments: Any, steps_per_epoch: int, num_epochs: int | None) -> str:
+    """Which budget set the last step: the step budget, the epochs, or the smaller of both (said, never silent)."""
+    steps, per_epoch = arguments.max_training_steps, f"{steps_per_epoch} steps per epoch"
+    if num_epochs is None:
+        return f"max_training_steps={steps}; {per_epoch}, epochs not limited"
+    if steps is None:
+        return f"num_train_epochs={num_epochs} x {per_epoch}"
+    return (f"the smaller of max_training_steps={steps} and num_train_epochs={num_epochs} x {per_epoch} = "
+            f"{num_epochs * steps_per_epoch}; set num_train_epochs: null for the step budget alone")
 
 
 def summary_record(arguments: Any, *, final_step: int, stop_reason: str | None, last_train: dict[str, Any],

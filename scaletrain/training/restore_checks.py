@@ -51,8 +51,12 @@ def fit_error(where: str, meta: dict[str, Any], want: Any, have: Any) -> Checkpo
     cfg = meta.get("config", {})
     hint = ", ".join(f"{k}={cfg[k]}" for k in _HINT_KEYS if k in cfg)
     hint += f", scan_layers={cfg.get('scan_layers', False)}"  # the layers' layout: stacked or one by one
+    lora = (meta.get("arguments") or {}).get("lora")
+    if lora and any("lora_" in p for p in problems):  # adapters of another rank: say the setting, not 40 shapes
+        hint += (f", lora.rank={lora.get('rank')}, lora.target_modules={lora.get('target_modules')}; set these to "
+                 "resume it")
     return CheckpointError(f"checkpoint {where} does not fit this model ({len(problems)} mismatches; saved with "
-                           f"{hint}): " + "; ".join(problems[:5]))
+                           f"{hint}): " + "; ".join(problems[:3]))
 
 
 #: where TensorStore's errors start printing their spec (dozens of lines of JSON): as an

@@ -94,12 +94,23 @@ class RunLock:
         self.path = os.path.join(self.output_dir, LOCK_FILE)
         self.token = uuid.uuid4().hex
         self._fd: int | None = None
+        # what acquire() found, so that a start refused before writing anything can leave no trace
+        self._created: list[str] = []  # folders it made, deepest first
+        self._previous: bytes | None = None  # the lock file's bytes before (None: there was no file)
+        self._snapshot: dict[str, tuple[int, int]] = {}
 
     def acquire(self) -> None:
+        self._created = missing_folders(self.output_dir)
         prepare_output_dir(self.output_dir)
+        try:
+            with open(self.path, "rb") as f:
+                self._previous = f.read()
+        except OSError:
+            self._previous = None
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
+            self._remove_created()
             raise ConfigError(f"training.output_dir {self.output_dir}: cannot create {LOCK_FILE} there "
                               f"({e.strerror}); make the folder writable or choose another output_dir") from None
         try:
@@ -107,7 +118,10 @@ class RunLock:
             self._write_record(fd, released=False)
         except BaseException:
             os.close(fd)
+            if self._previous is None:  # refused by a live owner's record: nothing of ours may stay
+                self._remove_created()
             raise
+        self._snapshot = folder_snapshot(self.output_dir)
         self._fd = fd
 
     def _lock_or_refuse(self, fd: int) -> None:
@@ -156,16 +170,40 @@ class RunLock:
         os.pwrite(fd, data, 0)
 
     def release(self) -> None:
-        """Mark the record released and drop the flock (closing the file drops it too)."""
+        """Mark the record released and drop the flock (closing the file drops it too).
+
+        A hold under which nothing in the folder changed (a start refused by a later check:
+        the data, the model, the checkpoint) undoes itself: the lock file gets its old bytes
+        back (when they too said released; a crashed owner's record is marked released), or
+        goes with the folders the lock made, so a refused start leaves an existing run byte
+        for byte as it was and creates nothing where there was nothing.
+        """
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        untouched = folder_snapshot(self.output_dir) == self._snapshot
         try:
-            self._write_record(fd, released=True)
+            if untouched and self._previous is None:
+                os.unlink(self.path)  # still under our flock, so no other run read it meanwhile
+            elif untouched and _released(self._previous):  # the same meaning: the old bytes back
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, self._previous, 0)
+            else:
+                self._write_record(fd, released=True)
         except OSError:
             pass  # the record only names owners; the flock below is what matters
         finally:
             os.close(fd)
+        if untouched and self._previous is None:
+            self._remove_created()
+
+    def _remove_created(self) -> None:
+        """Remove the folders acquire() made, deepest first, each only while empty."""
+        for folder in self._created:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return
 
 
 def _read_record(fd: int) -> dict[str, Any]:
@@ -175,6 +213,48 @@ def _read_record(fd: int) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def _released(data: bytes) -> bool:
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("released") is True
+
+
+def missing_folders(path: str) -> list[str]:
+    """The folders ``os.makedirs(path)`` would create, deepest first."""
+    out, path = [], os.path.abspath(path)
+    while not os.path.lexists(path):
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return out
+
+
+def folder_snapshot(folder: str) -> dict[str, tuple[int, int]]:
+    """``{relative path: (size, mtime_ns)}`` of everything under ``folder`` but the lock file.
+
+    Why all of it and not a flag set by the trainer: the lock is held by whoever started the
+    run (the CLI, a ``Trainer``, a Ray driver whose workers write), and only the folder itself
+    says whether anyone wrote there. Stat calls only, no reads.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder)
+            if rel == LOCK_FILE:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            out[rel] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 def prepare_output_dir(output_dir: str) -> None:

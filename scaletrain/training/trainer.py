@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -201,8 +202,8 @@ class Trainer(BaseTrainer):
     def print_plan(self) -> None:
         """Log the resolved run plan: nothing that shapes the schedule stays hidden."""
         if self.is_main_process:
-            logger.info(format_plan(
-                self.arguments, model_config=self._model.config, num_params=self._model_state.num_params,
+            _announce(format_plan(
+                self.arguments, model_config=self._model.config, parameter_counts=self.parameter_counts,
                 param_dtype=self.param_dtype, dtype=self.dtype, mesh=self._mesh, start_step=self.start_step,
                 max_training_steps=self.max_training_steps, steps_per_epoch=self.steps_per_epoch,
                 num_epochs=self.num_epochs,
@@ -235,7 +236,8 @@ class Trainer(BaseTrainer):
             steady=self.metrics_logger.steady_throughput(),
             max_training_steps=self.max_training_steps,
             flops_per_token=self._flops_per_token,
-            num_params=self._model_state.num_params,
+            num_params=self.parameter_counts[1],
+            num_trainable_params=self.parameter_counts[0],
             params_sha256=params_sha256(state.params),  # all processes: the gather is a collective
             elapsed_s=time.perf_counter() - self.start_time,
             checkpoint=self.last_checkpoint,
@@ -246,3 +248,15 @@ class Trainer(BaseTrainer):
             write_summary(self.arguments.ensure_output_dir(), summary)
         self.summary = summary
         return summary
+
+
+def _announce(text: str) -> None:
+    """Log ``text`` at INFO; where nothing would show it (Python without logging set up), print it.
+
+    Why: the CLI configures logging, a notebook or script usually does not, and the plan
+    (which budget ends the run) must reach both users alike.
+    """
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
