@@ -22,6 +22,13 @@ from scaletrain.errors import ConfigError
 DEFAULT_DIR = "~/.cache/scaletrain/jax"
 
 
+def cache_dir(path: str) -> str:
+    """``path`` as an absolute folder; the default follows ``$SCALETRAIN_CACHE`` (its ``jax`` folder) when set."""
+    if path == DEFAULT_DIR and os.environ.get("SCALETRAIN_CACHE"):
+        path = os.path.join(os.environ["SCALETRAIN_CACHE"], "jax")
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def enable_compilation_cache(path: str | None) -> str | None:
     """Use ``path`` as JAX's compilation cache unless one is already set; returns the one in use.
 
@@ -34,9 +41,7 @@ def enable_compilation_cache(path: str | None) -> str | None:
     current = jax.config.jax_compilation_cache_dir
     if current or path is None:
         return current or None
-    if path == DEFAULT_DIR and os.environ.get("SCALETRAIN_CACHE"):  # the default follows scaletrain's cache folder
-        path = os.path.join(os.environ["SCALETRAIN_CACHE"], "jax")
-    path = os.path.abspath(os.path.expanduser(path))
+    path = cache_dir(path)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
