@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 import scaletrain as st
+from folder_testing import tree_hash
 from scaletrain.errors import CheckpointError, ConfigError, ScaletrainError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
 from scaletrain.recipe import Recipe
@@ -86,6 +87,7 @@ def holder(tmp_path):
 def test_second_trainer_and_cli_are_refused_while_a_run_holds_the_folder(holder, tiny_model):
     out, child = holder
     (out / "recipe.yaml").write_text("the running run's recipe\n")
+    before = tree_hash(out)
     with pytest.raises(ConfigError) as err:
         st.Trainer(_args(out), model=tiny_model, dataset_train=_data())
     msg = str(err.value)
@@ -98,6 +100,7 @@ def test_second_trainer_and_cli_are_refused_while_a_run_holds_the_folder(holder,
     assert res.returncode == 2, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and f"pid {child.pid}" in res.stderr and "in use by another run" in res.stderr
     assert (out / "recipe.yaml").read_text() == "the running run's recipe\n"  # item 11: untouched
+    assert tree_hash(out) == before  # every byte, the running run's lock record included
     assert sorted(os.listdir(out)) == [LOCK_FILE, "recipe.yaml"]  # the refused runs wrote nothing
 
 
@@ -163,6 +166,7 @@ def test_max_length_above_max_position_embeddings_is_refused(tmp_path, tiny_mode
     with pytest.raises(ConfigError, match=r"training.max_length=128 .*max_position_embeddings=64"):
         st.Trainer(_args(out, max_length=128), model=tiny_model, dataset_train=_data())
     assert not holds_run_lock(str(out))  # a refused start lets go of the folder
+    assert not out.exists()  # and leaves nothing where there was nothing
 
 
 # ---- item 8: accuracy ---------------------------------------------------------------------
@@ -189,6 +193,7 @@ def test_output_dir_that_is_a_file_is_one_message(tmp_path, tiny_model):
     path.write_text("not a folder")
     with pytest.raises(ConfigError, match=r"a-file is a file, not a folder"):
         st.Trainer(_args(path), model=tiny_model, dataset_train=_data())
+    assert path.read_text() == "not a folder"
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
@@ -250,9 +255,11 @@ def test_failed_start_leaves_the_previous_recipe_yaml(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "recipe.yaml").write_text("previous: run\n")
+    before = tree_hash(out)
     recipe = Recipe.from_dict({"training": {"output_dir": str(out)}, "tokenizer": {"path": str(tmp_path / "none")},
                                "model": {"max_position_embeddings": 512}})
     with pytest.raises(ScaletrainError):
         run_training(recipe)
     assert yaml.safe_load((out / "recipe.yaml").read_text()) == {"previous": "run"}
+    assert tree_hash(out) == before  # no lock file left behind either
     assert not holds_run_lock(str(out))
