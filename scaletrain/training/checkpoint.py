@@ -18,8 +18,6 @@ it cannot read, names it and the checkpoints to resume from instead.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
 import os
@@ -29,6 +27,7 @@ from typing import Any
 import jax
 
 from scaletrain.errors import CheckpointError
+from scaletrain.folders import exchange
 from scaletrain.training.restore_checks import fit_error, unreadable
 from scaletrain.training.storage import no_room
 
@@ -49,22 +48,6 @@ def _sync(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap two paths in one atomic rename (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):
-        return False  # this filesystem cannot exchange: the caller falls back to two renames
-    raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
 
 
 def _handlers(ocp: Any) -> dict[str, Any]:
@@ -197,7 +180,7 @@ class Checkpointer:
             manager.close()
         if jax.process_index() == 0:
             new = os.path.join(staging, str(step))
-            if not _exchange(new, target):
+            if not exchange(new, target):
                 aside = new + ".old"
                 os.rename(target, aside)
                 os.rename(new, target)
