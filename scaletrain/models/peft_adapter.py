@@ -103,7 +103,7 @@ def save_peft_adapter(model: nnx.Module, out_dir: str | os.PathLike, base_model_
         "lora_dropout": config.dropout, "target_modules": peft_target_modules(model, config),
         "use_rslora": config.rslora, "bias": "none", "fan_in_fan_out": False, "init_lora_weights": True,
         "inference_mode": True, "use_dora": False, "modules_to_save": _full_modules(trainable) or None,
-        "base_model_name_or_path": base_model_name_or_path or config.base_model,
+        "base_model_name_or_path": _base_name(base_model_name_or_path or config.base_model),
     }
     prepare_destination(out_dir)
     if jax.process_index() == 0:
@@ -114,6 +114,21 @@ def save_peft_adapter(model: nnx.Module, out_dir: str | os.PathLike, base_model_
             write_marker(tmp)
     logger.info("wrote a LoRA adapter (%d tensors, rank %d) to %s", len(tensors), config.rank, out_dir)
     return out_dir
+
+
+def recorded_base(folder: str) -> str | None:
+    """The adapter's ``base_model_name_or_path`` (a local folder or a hub name), None if it names none."""
+    path = os.path.join(folder, ADAPTER_CONFIG)
+    try:
+        with open(path) as f:
+            return json.load(f).get("base_model_name_or_path") or None
+    except (OSError, ValueError, AttributeError) as err:
+        raise ConfigError(f"{path}: cannot read it as a PEFT adapter config ({err})") from None
+
+
+def _base_name(base: str | None) -> str | None:
+    """A local base folder as an absolute path (the adapter is loaded from anywhere), a hub name as it is."""
+    return os.path.abspath(base) if base and os.path.isdir(base) else base
 
 
 def read_adapter_config(folder: str) -> LoRAConfig:
