@@ -204,3 +204,39 @@ def test_generate_on_the_exported_adapter_gives_the_runs_tokens(trained, llama_d
     assert f"{config_path}: base_model_name_or_path 'someone/a-hub-model' is not a local" in err
     assert main(["generate", folder, "--prompt", "5 9", "--checkpoint", "2"]) == 2
     assert "not a training run; drop --checkpoint" in capsys.readouterr().err
+
+
+def test_init_from_refuses_an_adapter_trained_on_another_base(llama_dir, tmp_path):
+    """lora.init_from checks the adapter's recorded base: another architecture or other weights are
+    refused naming lora.init_from and both bases; a copy of the base elsewhere is the same base."""
+    import shutil
+
+    from scaletrain.training.lora_state import with_lora
+
+    lora = dict(target_modules=["q_proj", "v_proj"])
+    adapter = save_peft_adapter(apply_lora(AutoModelForCausalLM.from_pretrained(llama_dir),
+                                           LoRAConfig(**lora, base_model=llama_dir)), tmp_path / "adapter")
+
+    def init_from(base):
+        return with_lora(AutoModelForCausalLM.from_pretrained(base),
+                         LoRAConfig(**lora, base_model=base, init_from=adapter))
+
+    other = save_hf(hf_model("llama", seed=1), tmp_path / "other")
+    with pytest.raises(ConfigError, match=f"lora.init_from={adapter}: the adapter was trained on the base "
+                                          f"{llama_dir}, but this run's base is {other}: their weights differ "
+                                          r"\(first at .*set base_model_name_or_path in .*adapter_config.json"):
+        init_from(other)
+    deeper = save_hf(hf_model("llama", num_hidden_layers=3), tmp_path / "deeper")
+    with pytest.raises(ConfigError, match="architectures differ: num_hidden_layers 3 here, 2 in the adapter's base"):
+        init_from(deeper)
+    copy = shutil.copytree(llama_dir, tmp_path / "copy")
+    assert rel_diff(our_logits(init_from(str(copy)), IDS), our_logits(init_from(llama_dir), IDS)) == 0
+    # the override the message names: the adapter says it fits the other base
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": other}))
+    init_from(other)
+    # a hub name cannot be compared (no download): a warning, and the shapes are still checked at load
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": "a/hub"}))
+    init_from(other)
+    with pytest.raises(CheckpointError, match="does not fit this model's adapters"):
+        init_from(deeper)
