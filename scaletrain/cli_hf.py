@@ -131,9 +131,8 @@ def generate_main(
     import jax
 
     from scaletrain.generation import generate, stop_token_ids, until_stop
-    from scaletrain.models.registry import AutoModelForCausalLM
-
     from scaletrain.models.peft_adapter import ADAPTER_CONFIG
+    from scaletrain.models.registry import AutoModelForCausalLM
 
     is_hf, is_adapter = (os.path.isfile(os.path.join(model_dir, f)) for f in ("config.json", ADAPTER_CONFIG))
     if step is not None and (is_hf or is_adapter):
