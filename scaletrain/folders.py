@@ -13,7 +13,11 @@ one if the new one never finished, and removes every leftover of a killed export
 
 A staging folder in use is ``flock``-ed by its writer, so a concurrent export to the same
 path never deletes it as a leftover; the lock dies with its process, however it dies.
-Swaps and recovery hold a lock on the parent folder, so they never interleave.
+Swaps and recovery hold a lock on the parent folder, so they never interleave. Where a
+folder cannot be locked (NFS), an unfinished staging folder counts as a leftover only
+once untouched for a day, and swaps rely on one export per path at a time. Just before
+the swap the path is checked again, so a folder someone else made there meanwhile is
+refused, never swapped away and deleted.
 
 Everything is created with the modes any file gets (``0o666`` / ``0o777`` less the umask):
 ``mkdtemp`` folders are ``0o700`` and safetensors writes files ``0o600``, which made
@@ -31,12 +35,17 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
+
+from scaletrain.errors import ConfigError
 
 logger = logging.getLogger("scaletrain")
 
 STAGING = "tmp"
 ASIDE = "old"
+#: where folders cannot be locked, an unfinished staging folder untouched this long is a leftover
+STALE_AFTER_S = 24 * 3600
 
 
 def current_umask() -> int:
@@ -92,30 +101,45 @@ def _leftovers(out_dir: str, kind: str) -> list[str]:
     """The hidden siblings of ``kind`` an earlier export to ``out_dir`` left, newest first."""
     parent, name = os.path.split(out_dir)
     pattern = re.compile(rf"\.{re.escape(name)}\.{kind}-[0-9a-z_]+")
-    found = [os.path.join(parent, n) for n in os.listdir(parent) if pattern.fullmatch(n)]
-    return sorted((p for p in found if os.path.isdir(p) and not os.path.islink(p)),
-                  key=lambda p: os.stat(p).st_mtime_ns, reverse=True)
+    found = {}
+    for entry in os.scandir(parent):
+        if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):  # a failed export discards its own meanwhile
+                found[entry.path] = entry.stat(follow_symlinks=False).st_mtime_ns
+    return sorted(found, key=found.__getitem__, reverse=True)
+
+
+def _flock(fd: int, blocking: bool) -> bool | None:
+    """Lock ``fd`` exclusively: True; False if another holds it (``blocking`` off); None where the
+    filesystem cannot lock a folder (NFS emulates flock with write locks, refused on a read-only fd)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return None
+        raise
 
 
 @contextlib.contextmanager
-def _locked(folder: str, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on ``folder`` (True), or yield False when ``blocking`` is off and another holds it."""
+def _locked(folder: str, blocking: bool = True) -> Iterator[bool | None]:
+    """Hold an exclusive lock on ``folder`` for the block; yields :func:`_flock`'s answer."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
+        yield _flock(fd, blocking)
     finally:
         os.close(fd)
 
 
 def _abandoned(path: str) -> bool:
-    """True unless a live process holds ``path`` (a staging folder it is filling)."""
+    """True unless a live process may still be filling the staging folder ``path``: it holds its lock,
+    or, where folders cannot be locked, it changed within :data:`STALE_AFTER_S`."""
     try:
         with _locked(path, blocking=False) as free:
+            if free is None:
+                return time.time() - os.stat(path).st_mtime > STALE_AFTER_S
             return free
     except FileNotFoundError:
         return False
@@ -147,6 +171,15 @@ def _recover_locked(out_dir: str, marker: str) -> None:
             logger.info("removed %s, left by an interrupted export", path)
 
 
+def refuse_foreign(out_dir: str, marker: str) -> None:
+    """ConfigError if ``out_dir`` is something an install would replace but no export of ours wrote."""
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"{out_dir}: exists and is not a directory; choose another export path")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, marker)):
+        raise ConfigError(f"{out_dir}: not empty and not a previous scaletrain export; refusing to overwrite it. "
+                          "Choose an empty or new directory.")
+
+
 class StagedFolder:
     """A hidden sibling of ``out_dir`` to write an export into, then :meth:`install` at ``out_dir``.
 
@@ -165,7 +198,7 @@ class StagedFolder:
             except FileExistsError:
                 continue
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        _flock(self._fd, blocking=True)  # held until installed or discarded (None: this filesystem cannot)
 
     def install(self, marker: str) -> None:
         """Give the files plain modes and swap the folder into ``out_dir``; the previous one is then removed."""
@@ -173,6 +206,7 @@ class StagedFolder:
         parent = os.path.dirname(self.out_dir)
         with _locked(parent):
             _recover_locked(self.out_dir, marker)
+            refuse_foreign(self.out_dir, marker)  # made since the export began: never swapped away
             old = self._swap_in()
             self._release()
             if old is not None:

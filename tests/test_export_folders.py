@@ -127,3 +127,16 @@ def test_exported_model_and_adapter_files_have_the_umasks_modes(tmp_path, umask)
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o777 & ~umask, folder
         modes = {name: stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) for name in os.listdir(folder)}
         assert modes and set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_a_folder_made_at_the_path_during_an_export_is_refused_not_swapped_away(tmp_path):
+    from scaletrain.errors import ConfigError
+    from scaletrain.folders import staged
+
+    out = tmp_path / "hf"
+    with pytest.raises(ConfigError, match="not a previous scaletrain export"):
+        with staged(str(out), EXPORT_MARKER) as tmp:
+            (tmp_path / "hf").mkdir()  # someone else's folder appears while the export writes
+            (out / "precious.txt").write_text("keep")
+            (tmp_path / tmp / EXPORT_MARKER).write_text("{}")
+    assert (out / "precious.txt").read_text() == "keep" and _hidden(tmp_path) == []

@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scaletrain.errors import CheckpointError, ConfigError
-from scaletrain.folders import recover, staged
+from scaletrain.folders import recover, refuse_foreign, staged
 from scaletrain.key_paths import dotted
 from scaletrain.models.config import LlamaConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
@@ -297,13 +297,7 @@ def prepare_destination(out_dir: str) -> None:
     refuse a path that is not a directory or is a non-empty folder we did not write."""
     if jax.process_index() == 0:
         recover(out_dir, EXPORT_MARKER)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ConfigError(f"{out_dir}: exists and is not a directory; choose another export path")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, EXPORT_MARKER)):
-        raise ConfigError(
-            f"{out_dir}: not empty and not a previous scaletrain export; refusing to overwrite it. "
-            "Choose an empty or new directory."
-        )
+    refuse_foreign(out_dir, EXPORT_MARKER)
 
 
 def _iter_hf_tensors(model: nnx.Module) -> Iterator[tuple[str, jax.Array, bool]]:
