@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--rerun-changed", action="store_true",
                     help="re-run members whose resolved recipe changed (their old folder is moved aside, not deleted)")
     g = sub.add_parser("generate", help="continue a prompt with a Hugging Face model folder or a training run")
-    g.add_argument("model_dir", help="an HF folder, or a run folder (its newest checkpoint) or one step folder")
+    g.add_argument("model_dir", help="an HF folder, a PEFT adapter folder (its base from adapter_config.json), "
+                                     "or a run folder (its newest checkpoint) or one step folder")
+    g.add_argument("--checkpoint", type=int, default=None, help="run folders: the step (default: the newest)")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -106,8 +108,10 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         name, what = problem
         raise ConfigError(f"--{name.replace('_', '-')} {what}")  # before the model loads
 
-    print(generate_main(ns.model_dir, ns.prompt, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
-                        top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat))
+    text = generate_main(ns.model_dir, ns.prompt, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
+                         top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, step=ns.checkpoint)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")  # one final newline, never two
+    sys.stdout.flush()
     return 0
 
 

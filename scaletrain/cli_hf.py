@@ -49,8 +49,34 @@ def _prompt_ids(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
     return ids
 
 
-def load_run_model(run_dir: str, sharding_axis_dims: Sequence[int] | None, dtype: str) -> tuple[Any, Any | None]:
-    """``(model, tokenizer)`` from the newest checkpoint of a training run (or a step folder).
+def load_adapter_model(adapter_dir: str, sharding_axis_dims: Sequence[int] | None,
+                       dtype: str) -> tuple[Any, Any | None]:
+    """``(model, tokenizer)`` for a PEFT adapter folder: its base, from ``base_model_name_or_path``, with the
+    adapter applied unmerged (as training ran it), and the adapter's tokenizer or else the base's.
+
+    Why: ``scaletrain export`` writes a LoRA run as such a folder, and its user points ``generate``
+    at what export printed. The base must be a local folder: nothing is downloaded.
+    """
+    from scaletrain.models.peft_adapter import ADAPTER_CONFIG, load_peft_adapter, recorded_base
+    from scaletrain.models.registry import AutoModelForCausalLM
+
+    config_path = os.path.join(adapter_dir, ADAPTER_CONFIG)
+    base = recorded_base(adapter_dir)
+    if base is None:
+        raise ConfigError(f"{config_path}: base_model_name_or_path is not set; set it to the base model's local "
+                          "folder (the one the adapter was trained on)")
+    if not os.path.isfile(os.path.join(base, "config.json")):
+        raise ConfigError(f"{config_path}: base_model_name_or_path {base!r} is not a local Hugging Face model "
+                          "folder (no config.json; nothing is downloaded); set it to the base model's folder")
+    model = AutoModelForCausalLM.from_pretrained(
+        base, dtype=dtype, sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None)
+    model = load_peft_adapter(model, adapter_dir)
+    return model, load_local_tokenizer(adapter_dir) or load_local_tokenizer(base)
+
+
+def load_run_model(run_dir: str, sharding_axis_dims: Sequence[int] | None, dtype: str,
+                   step: int | None = None) -> tuple[Any, Any | None]:
+    """``(model, tokenizer)`` from checkpoint ``step`` (default: the newest) of a training run (or a step folder).
 
     Why: right after ``scaletrain train`` a user points ``generate`` at the run folder;
     loading its checkpoint directly spares an export. A folder that is neither an HF
@@ -71,7 +97,7 @@ def load_run_model(run_dir: str, sharding_axis_dims: Sequence[int] | None, dtype
         raise ConfigError(f"{what}; pass a folder written by `scaletrain export RUN_DIR --out OUT`, or a run "
                           "whose training saved a checkpoint (training.save_at_end, the default)") from None
     overrides = {"sharding_axis_dims": tuple(sharding_axis_dims)} if sharding_axis_dims is not None else None
-    model, meta = load_checkpoint_model(run_dir, config_overrides=overrides, dtype=dtype)
+    model, meta = load_checkpoint_model(run_dir, step, config_overrides=overrides, dtype=dtype)
     # a run without a recipe (a Trainer driven from Python) does not record its tokenizer: ids in, ids out
     return model, tokenizer_for(meta) if meta.get("recipe") else None
 
@@ -87,11 +113,14 @@ def generate_main(
     chat: bool = False,
     sharding_axis_dims: Sequence[int] | None = None,
     dtype: str = "float32",
+    step: int | None = None,
 ) -> str:
     """Load an HF folder (and its tokenizer, if saved there) and return the generated continuation.
 
-    ``model_dir`` may also be a training run folder (or one checkpoint step folder): its
-    newest checkpoint and the run's tokenizer are loaded (:func:`load_run_model`).
+    ``model_dir`` may also be a PEFT adapter folder (its base with the adapter unmerged,
+    :func:`load_adapter_model`) or a training run folder (or one checkpoint step folder):
+    checkpoint ``step`` (default: the newest) and the run's tokenizer are loaded
+    (:func:`load_run_model`).
 
     Only the new text is returned (decoded without special tokens); generation
     stops at the config's or tokenizer's end-of-sequence token or the chat template's
@@ -102,17 +131,24 @@ def generate_main(
     import jax
 
     from scaletrain.generation import generate, stop_token_ids, until_stop
+    from scaletrain.models.peft_adapter import ADAPTER_CONFIG
     from scaletrain.models.registry import AutoModelForCausalLM
 
-    if os.path.isfile(os.path.join(model_dir, "config.json")):
+    is_hf, is_adapter = (os.path.isfile(os.path.join(model_dir, f)) for f in ("config.json", ADAPTER_CONFIG))
+    if step is not None and (is_hf or is_adapter):
+        raise ConfigError(f"--checkpoint {step}: {model_dir} is an exported "
+                          f"{'model' if is_hf else 'adapter'} folder, not a training run; drop --checkpoint")
+    if is_hf:
         model = AutoModelForCausalLM.from_pretrained(
             model_dir,
             dtype=dtype,
             sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None,
         )
         tokenizer = load_local_tokenizer(model_dir)
+    elif is_adapter:
+        model, tokenizer = load_adapter_model(model_dir, sharding_axis_dims, dtype)
     else:
-        model, tokenizer = load_run_model(model_dir, sharding_axis_dims, dtype)
+        model, tokenizer = load_run_model(model_dir, sharding_axis_dims, dtype, step)
     ids = _prompt_ids(tokenizer, prompt, chat)
     eos = stop_token_ids(tokenizer, model.config.eos_token_id)
     mesh = jax.tree.leaves(model)[0].sharding.mesh

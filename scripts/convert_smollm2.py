@@ -11,7 +11,8 @@ is set, else ``~/.cache/scaletrain/smollm2-135m-instruct``.
     python scripts/convert_smollm2.py [--out DIR] [--force]
 
 The folder is written under a temporary name and renamed when complete, so an
-interrupted conversion is never mistaken for a finished one.
+interrupted conversion is never mistaken for a finished one; its files get the umask's
+modes (0644 / 0755 under umask 022), as any file would.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def _convert(out_dir: str) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below reads local files only
     import transformers
 
+    from scaletrain.folders import normal_modes
+
     source = gguf_path()
     folder, name = os.path.split(source)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
@@ -96,6 +99,7 @@ def _convert(out_dir: str) -> str:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        normal_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would make the shared cache private
         if os.path.isdir(out_dir):
             shutil.rmtree(out_dir)  # empty, or a finished conversion being redone with force
         os.rename(tmp, out_dir)

@@ -164,10 +164,29 @@ def test_export_of_a_damaged_or_mismatched_checkpoint_is_a_clear_error(trained_r
     assert _drop_array_data(step_dir, "params.model.embed_tokens") == 1
     before = tree_hash(step_dir)
     with pytest.raises(CheckpointError, match=f"(?s)checkpoint {step_dir} is damaged: cannot read tensor "
-                                              r"params\.model\.embed_tokens \(.*training\.resume_from=.*checkpoints/2") as err:
+                                              r"params\.model\.embed_tokens \(.*--checkpoint 2 .*checkpoints/2") as err:
         load_checkpoint_model(str(copy), 4)
     assert "TensorStore" not in str(err.value) and len(str(err.value)) < 1000  # the tensor, not its 60-line spec
+    assert "resume_from" not in str(err.value)  # export loads, it does not resume
     assert tree_hash(step_dir) == before
+
+
+def test_generate_on_a_damaged_checkpoint_names_it_and_another_to_pass(trained_run, tmp_path, capsys):
+    """The message fits generate: the damaged checkpoint, and --checkpoint N of another one (not a
+    resume); that option then generates from it."""
+    from scaletrain.cli import main
+
+    run, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    _drop_array_data(copy / "checkpoints" / "4", "params.model.norm")
+    assert main(["generate", str(copy), "--prompt", "1 2", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {copy}/checkpoints/4 is damaged" in err and "load another checkpoint instead with " \
+        "--checkpoint 2 (scaletrain generate or export" in err
+    assert "resume_from" not in err and "Traceback" not in err
+    assert main(["generate", str(copy), "--prompt", "1 2", "--max-new-tokens", "2", "--checkpoint", "2"]) == 0
+    assert len(capsys.readouterr().out.split()) == 2
 
 
 def test_a_saved_config_refused_by_a_newer_check_names_the_checkpoint(trained_run, tmp_path):

@@ -24,7 +24,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (2, ("scaletrain.data", "scaletrain.models", "scaletrain.generation", "scaletrain.arguments")),
     (1, ("scaletrain.parallel",)),
     (0, ("scaletrain.errors", "scaletrain.logs", "scaletrain._lazy", "scaletrain.compile_cache",
-         "scaletrain.host_memory", "scaletrain.key_paths", "scaletrain")),
+         "scaletrain.host_memory", "scaletrain.key_paths", "scaletrain.folders", "scaletrain")),
 ]
 
 

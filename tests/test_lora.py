@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import scaletrain as st
+from scaletrain.cli import main
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.export import export_checkpoint
 from scaletrain.generation import generate
@@ -178,3 +179,64 @@ def test_run_exports_adapter_or_merged_and_generates_unmerged(trained, tmp_path)
     assert rel_diff(our_logits(merged, IDS), our_logits(state.model, IDS)) < TOL
     prompt = IDS[:1, :8]
     assert np.array_equal(generate(state.model, prompt, max_new_tokens=6), generate(merged, prompt, max_new_tokens=6))
+
+
+def _generated(capsys, folder, *extra):
+    assert main(["generate", str(folder), "--prompt", "5 9 3 7", "--max-new-tokens", "8", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_generate_on_the_exported_adapter_gives_the_runs_tokens(trained, llama_dir, tmp_path, capsys):
+    """`scaletrain generate` on the adapter folder `scaletrain export` wrote loads the base that
+    adapter_config.json names and applies the adapter unmerged: the tokens of generate on the run."""
+    out, _, _, _ = trained
+    folder = export_checkpoint(str(out), str(tmp_path / "adapter"))
+    from_adapter = _generated(capsys, folder)
+    assert from_adapter == _generated(capsys, out) and len(from_adapter.split()) == 8
+    assert from_adapter.endswith(" ".join(from_adapter.split()) + "\n")  # ids, then one final newline
+    assert from_adapter != _generated(capsys, llama_dir)  # the adapter was applied
+    # a base that is not a local folder: one message naming the file and the field
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "base_model_name_or_path": "someone/a-hub-model"}))
+    assert main(["generate", folder, "--prompt", "5 9"]) == 2
+    err = capsys.readouterr().err
+    assert f"{config_path}: base_model_name_or_path 'someone/a-hub-model' is not a local" in err
+    assert main(["generate", folder, "--prompt", "5 9", "--checkpoint", "2"]) == 2
+    assert "not a training run; drop --checkpoint" in capsys.readouterr().err
+
+
+def test_init_from_refuses_an_adapter_trained_on_another_base(llama_dir, tmp_path):
+    """lora.init_from checks the adapter's recorded base: another architecture or other weights are
+    refused naming lora.init_from and both bases; a copy of the base elsewhere is the same base."""
+    import shutil
+
+    from scaletrain.training.lora_state import with_lora
+
+    lora = dict(target_modules=["q_proj", "v_proj"])
+    adapter = save_peft_adapter(apply_lora(AutoModelForCausalLM.from_pretrained(llama_dir),
+                                           LoRAConfig(**lora, base_model=llama_dir)), tmp_path / "adapter")
+
+    def init_from(base):
+        return with_lora(AutoModelForCausalLM.from_pretrained(base),
+                         LoRAConfig(**lora, base_model=base, init_from=adapter))
+
+    other = save_hf(hf_model("llama", seed=1), tmp_path / "other")
+    with pytest.raises(ConfigError, match=f"lora.init_from={adapter}: the adapter was trained on the base "
+                                          f"{llama_dir}, but this run's base is {other}: their weights differ "
+                                          r"\(first at .*set base_model_name_or_path in .*adapter_config.json"):
+        init_from(other)
+    deeper = save_hf(hf_model("llama", num_hidden_layers=3), tmp_path / "deeper")
+    with pytest.raises(ConfigError, match="architectures differ: num_hidden_layers 3 here, 2 in the adapter's base"):
+        init_from(deeper)
+    copy = shutil.copytree(llama_dir, tmp_path / "copy")
+    assert rel_diff(our_logits(init_from(str(copy)), IDS), our_logits(init_from(llama_dir), IDS)) == 0
+    # the override the message names: the adapter says it fits the other base
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": other}))
+    init_from(other)
+    # a hub name cannot be compared (no download): a warning, and the shapes are still checked at load
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": "a/hub"}))
+    init_from(other)
+    with pytest.raises(CheckpointError, match="does not fit this model's adapters"):
+        init_from(deeper)

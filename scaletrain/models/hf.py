@@ -24,8 +24,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -35,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.folders import recover, refuse_foreign, staged
 from scaletrain.key_paths import dotted
 from scaletrain.models.config import LlamaConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
@@ -293,14 +292,12 @@ def _plan_shards(entries: list[tuple[str, int]], limit: int) -> list[list[str]]:
     return shards
 
 
-def _check_destination(out_dir: str) -> None:
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ConfigError(f"{out_dir}: exists and is not a directory; choose another export path")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, EXPORT_MARKER)):
-        raise ConfigError(
-            f"{out_dir}: not empty and not a previous scaletrain export; refusing to overwrite it. "
-            "Choose an empty or new directory."
-        )
+def prepare_destination(out_dir: str) -> None:
+    """Clean up after an export to ``out_dir`` that was killed (:func:`scaletrain.folders.recover`), then
+    refuse a path that is not a directory or is a non-empty folder we did not write."""
+    if jax.process_index() == 0:
+        recover(out_dir, EXPORT_MARKER)
+    refuse_foreign(out_dir, EXPORT_MARKER)
 
 
 def _iter_hf_tensors(model: nnx.Module) -> Iterator[tuple[str, jax.Array, bool]]:
@@ -323,15 +320,16 @@ def save_hf_checkpoint(
     Files: config.json, generation_config.json, model.safetensors (or
     model-0000i-of-0000n.safetensors + model.safetensors.index.json above
     ``max_shard_size``), the tokenizer's files when given, and a small marker that
-    lets a later export replace this one. Everything is written to a sibling
-    temporary folder and moved into place at the end, so an interrupted export
-    never leaves a half-written checkpoint and a previous export survives until
-    the new one is complete. A non-empty folder that is not our export is refused.
+    lets a later export replace this one. Everything is written to a hidden sibling
+    folder and swapped into place at the end (:mod:`scaletrain.folders`), so the path
+    holds the previous export or the complete new one, never a half-written folder,
+    and leftovers of a killed export are cleaned up here first. Files get the umask's
+    modes. A non-empty folder that is not our export is refused.
     """
     from safetensors.numpy import save_file
 
     out_dir = os.path.abspath(os.fspath(out_dir))
-    _check_destination(out_dir)
+    prepare_destination(out_dir)
     config: LlamaConfig = model.config
     tensors = sorted(_iter_hf_tensors(model), key=lambda t: _layer_sort_key(t[0]))
     dtypes = {jax.numpy.dtype(x.dtype).name for _, x, _ in tensors}
@@ -343,10 +341,7 @@ def save_hf_checkpoint(
     shards = _plan_shards(entries, limit)
     writer = jax.process_index() == 0
 
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent) if writer else ""
-    try:
+    with staged(out_dir, EXPORT_MARKER) if writer else contextlib.nullcontext("") as tmp:
         weight_map: dict[str, str] = {}
         for i, names in enumerate(shards):
             fname = SINGLE_FILE if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -360,12 +355,8 @@ def save_hf_checkpoint(
                 save_file(arrays, os.path.join(tmp, fname), metadata={"format": "pt"})
             del arrays
         if writer:
-            _finish_export(tmp, out_dir, config, tokenizer, hf_config, weight_map if len(shards) > 1 else None,
+            _finish_export(tmp, config, tokenizer, hf_config, weight_map if len(shards) > 1 else None,
                            sum(n for _, n in entries))
-    except BaseException:
-        if writer:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if jax.process_count() > 1:  # nobody reads the export before process 0 has moved it into place
         from jax.experimental import multihost_utils
 
@@ -374,11 +365,9 @@ def save_hf_checkpoint(
     return out_dir
 
 
-def _finish_export(tmp: str, out_dir: str, config: LlamaConfig, tokenizer: Any, hf_config: Any,
+def _finish_export(tmp: str, config: LlamaConfig, tokenizer: Any, hf_config: Any,
                    weight_map: dict[str, str] | None, total_size: int) -> None:
-    """Index, configs, tokenizer and marker into ``tmp``, then move it to ``out_dir``."""
-    import scaletrain
-
+    """Index, configs, tokenizer and, last, the marker into ``tmp`` (then installed at the export path)."""
     if weight_map is not None:
         with open(os.path.join(tmp, INDEX_FILE), "w") as f:
             json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
@@ -386,10 +375,16 @@ def _finish_export(tmp: str, out_dir: str, config: LlamaConfig, tokenizer: Any, 
     _generation_config(config).save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    files = sorted(os.listdir(tmp))
-    with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
+    write_marker(tmp)
+
+
+def write_marker(folder: str) -> None:
+    """Mark ``folder`` as a complete scaletrain export (written last: recovery trusts only marked folders)."""
+    import scaletrain
+
+    files = sorted(os.listdir(folder))
+    with open(os.path.join(folder, EXPORT_MARKER), "w") as f:
         json.dump({"exported_by": "scaletrain", "version": scaletrain.__version__, "files": files}, f, indent=2)
-    _replace_dir(tmp, out_dir)
 
 
 def _generation_config(config: LlamaConfig) -> Any:
@@ -398,15 +393,3 @@ def _generation_config(config: LlamaConfig) -> Any:
     return transformers.GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
-
-
-def _replace_dir(new: str, out_dir: str) -> None:
-    """Move the finished export into place; a previous export is removed only afterwards."""
-    old = None
-    if os.path.isdir(out_dir):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=os.path.dirname(out_dir))
-        os.rmdir(old)
-        os.rename(out_dir, old)
-    os.rename(new, out_dir)
-    if old is not None:
-        shutil.rmtree(old)

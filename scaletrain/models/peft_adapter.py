@@ -24,7 +24,8 @@ from flax import nnx
 
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.key_paths import dotted
-from scaletrain.models.hf import hf_tensor_name
+from scaletrain.folders import staged
+from scaletrain.models.hf import EXPORT_MARKER, hf_tensor_name, prepare_destination, write_marker
 from scaletrain.models.lora import (
     LoRAConfig,
     apply_lora,
@@ -83,7 +84,12 @@ def adapter_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def save_peft_adapter(model: nnx.Module, out_dir: str | os.PathLike, base_model_name_or_path: str | None = None) -> str:
-    """Write ``model``'s adapter as a PEFT folder (process 0 writes); returns its path."""
+    """Write ``model``'s adapter as a PEFT folder (process 0 writes); returns its path.
+
+    Written as :func:`~scaletrain.models.hf.save_hf_checkpoint` writes a model: in a hidden
+    sibling swapped into place when complete, files with the umask's modes, a folder we did
+    not write refused, a previous export replaced.
+    """
     from safetensors.numpy import save_file
 
     config = lora_config_of(model)
@@ -97,15 +103,32 @@ def save_peft_adapter(model: nnx.Module, out_dir: str | os.PathLike, base_model_
         "lora_dropout": config.dropout, "target_modules": peft_target_modules(model, config),
         "use_rslora": config.rslora, "bias": "none", "fan_in_fan_out": False, "init_lora_weights": True,
         "inference_mode": True, "use_dora": False, "modules_to_save": _full_modules(trainable) or None,
-        "base_model_name_or_path": base_model_name_or_path or config.base_model,
+        "base_model_name_or_path": _base_name(base_model_name_or_path or config.base_model),
     }
+    prepare_destination(out_dir)
     if jax.process_index() == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        save_file(tensors, os.path.join(out_dir, ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        with open(os.path.join(out_dir, ADAPTER_CONFIG), "w") as f:
-            json.dump(adapter_config, f, indent=2, sort_keys=True)
+        with staged(out_dir, EXPORT_MARKER) as tmp:
+            save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+            with open(os.path.join(tmp, ADAPTER_CONFIG), "w") as f:
+                json.dump(adapter_config, f, indent=2, sort_keys=True)
+            write_marker(tmp)
     logger.info("wrote a LoRA adapter (%d tensors, rank %d) to %s", len(tensors), config.rank, out_dir)
     return out_dir
+
+
+def recorded_base(folder: str) -> str | None:
+    """The adapter's ``base_model_name_or_path`` (a local folder or a hub name), None if it names none."""
+    path = os.path.join(folder, ADAPTER_CONFIG)
+    try:
+        with open(path) as f:
+            return json.load(f).get("base_model_name_or_path") or None
+    except (OSError, ValueError, AttributeError) as err:
+        raise ConfigError(f"{path}: cannot read it as a PEFT adapter config ({err})") from None
+
+
+def _base_name(base: str | None) -> str | None:
+    """A local base folder as an absolute path (the adapter is loaded from anywhere), a hub name as it is."""
+    return os.path.abspath(base) if base and os.path.isdir(base) else base
 
 
 def read_adapter_config(folder: str) -> LoRAConfig:

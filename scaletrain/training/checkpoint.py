@@ -18,8 +18,6 @@ it cannot read, names it and the checkpoints to resume from instead.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
 import os
@@ -29,6 +27,7 @@ from typing import Any
 import jax
 
 from scaletrain.errors import CheckpointError
+from scaletrain.folders import exchange
 from scaletrain.training.restore_checks import fit_error, unreadable
 from scaletrain.training.storage import no_room
 
@@ -49,22 +48,6 @@ def _sync(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap two paths in one atomic rename (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):
-        return False  # this filesystem cannot exchange: the caller falls back to two renames
-    raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
 
 
 def _handlers(ocp: Any) -> dict[str, Any]:
@@ -197,7 +180,7 @@ class Checkpointer:
             manager.close()
         if jax.process_index() == 0:
             new = os.path.join(staging, str(step))
-            if not _exchange(new, target):
+            if not exchange(new, target):
                 aside = new + ".old"
                 os.rename(target, aside)
                 os.rename(new, target)
@@ -294,12 +277,13 @@ class Checkpointer:
         reads the ``params`` subtree of the saved state; the checks are :meth:`restore`'s
         for that subtree (shape mismatches, a missing or unreadable tensor, the checkpoint
         never modified; orbax's metadata of the whole state, shapes only, is read for
-        them). The step is not marked as this run's (nothing continues from it).
+        them). The step is not marked as this run's (nothing continues from it). A damaged
+        checkpoint's message names the other checkpoints to load instead, not a resume.
         """
         ocp = self._ocp
         where = self.path(step)
         meta = self.read_meta(step)
-        stored = self._stored_state(step, ("params",))
+        stored = self._stored_state(step, ("params",), for_resume=False)
         mismatch = fit_error(where, meta, {"params": params}, {"params": stored["params"]})
         if mismatch is not None:
             raise mismatch
@@ -309,28 +293,32 @@ class Checkpointer:
             restored = reader.restore(os.path.join(where, "state"), args=ocp.args.PyTreeRestore(
                 item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
         except Exception as err:
-            raise self._damaged(step, unreadable(err)) from None
+            raise self._damaged(step, unreadable(err), for_resume=False) from None
         finally:
             reader.close()
         return restored["params"]
 
-    def _stored_state(self, step: int, pieces: tuple[str, ...]) -> Any:
+    def _stored_state(self, step: int, pieces: tuple[str, ...], for_resume: bool = True) -> Any:
         """orbax's metadata of the saved train state of ``step``, once it is there with ``pieces``."""
         where = self.path(step)
         if not os.path.isdir(os.path.join(where, "state")):
-            raise self._damaged(step, "its train state folder state/ (" + ", ".join(STATE_PIECES) + ") is missing")
+            raise self._damaged(step, "its train state folder state/ (" + ", ".join(STATE_PIECES) + ") is missing",
+                                for_resume)
         try:
             stored = self._manager.item_metadata(step)["state"]
         except Exception as err:  # unreadable or corrupt metadata
-            raise self._damaged(step, unreadable(err)) from None
+            raise self._damaged(step, unreadable(err), for_resume) from None
         names = set(stored.keys()) if hasattr(stored, "keys") else set()  # orbax's TreeMetadata is a mapping
         missing = [k for k in pieces if k not in names]
         if missing:
-            raise self._damaged(step, f"its train state lacks {', '.join(missing)} (in {where}/state)")
+            raise self._damaged(step, f"its train state lacks {', '.join(missing)} (in {where}/state)", for_resume)
         return stored
 
-    def _damaged(self, step: int, problem: str) -> CheckpointError:
-        """A CheckpointError for an incomplete or unreadable ``step`` that names where to resume instead."""
+    def _damaged(self, step: int, problem: str, for_resume: bool = True) -> CheckpointError:
+        """A CheckpointError for an incomplete or unreadable ``step`` that names what to use instead: an
+        earlier checkpoint to resume from, or (``for_resume`` off: export, generate) another to load."""
+        if not for_resume:
+            return CheckpointError(f"checkpoint {self.path(step)} is damaged: {problem}; {self._load_instead(step)}")
         earlier = [s for s in self.all_steps() if s < step]
         if earlier:
             hint = (f"resume from an earlier complete checkpoint instead, e.g. "
@@ -338,6 +326,17 @@ class Checkpointer:
         else:
             hint = "no earlier checkpoint is left here: start again in a new training.output_dir"
         return CheckpointError(f"checkpoint {self.path(step)} is damaged: {problem}; {hint}")
+
+    def _load_instead(self, step: int) -> str:
+        """What ``scaletrain generate`` / ``export`` should load instead of the damaged ``step``."""
+        others = [s for s in self.all_steps() if s != step]
+        if not others:
+            return ("no other checkpoint is here: use a folder `scaletrain export` wrote from this run earlier, "
+                    "or train again")
+        pick = max([s for s in others if s < step] or others)
+        return (f"load another checkpoint instead with --checkpoint {pick} (scaletrain generate or export; in "
+                f"Python its step folder {self.path(pick)}), e.g. to export it again; other checkpoints "
+                f"here: {others}")
 
     def wait(self) -> None:
         """Finish pending writes; a write refused for lack of room is a CheckpointError naming the folder."""

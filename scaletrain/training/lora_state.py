@@ -13,14 +13,15 @@ from typing import Any
 from flax import nnx
 
 from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.models.adapter_base import check_adapter_base
 from scaletrain.models.lora import LoRAConfig, apply_lora, lora_config_of
 from scaletrain.models.peft_adapter import check_adapter_matches, load_adapter_weights
 from scaletrain.training.state import params_sha256
 
 
 def with_lora(model: nnx.Module, config: LoRAConfig | None) -> nnx.Module:
-    """``model`` with ``training.lora``'s adapters applied (from ``init_from``'s PEFT adapter if set),
-    unless it already carries that config."""
+    """``model`` with ``training.lora``'s adapters applied (from ``init_from``'s PEFT adapter if set, once it
+    is shown to fit and to have been trained on this base), unless it already carries that config."""
     have = lora_config_of(model)
     if config is None or have == config:
         return model
@@ -30,6 +31,7 @@ def with_lora(model: nnx.Module, config: LoRAConfig | None) -> nnx.Module:
     model = apply_lora(model, config)
     if config.init_from is not None:
         check_adapter_matches(config, config.init_from)
+        check_adapter_base(config.init_from, config.base_model, model.config)
         load_adapter_weights(model, config.init_from)
     return model
 
