@@ -252,6 +252,17 @@ def import_ray() -> Any:
     return ray
 
 
+#: runs in every process of the job (:func:`quiet_ray_internals`)
+QUIET_HOOK = "scaletrain.distributed.launcher.quiet_ray_internals"
+
+
+def quiet_ray_internals() -> None:
+    """Silence Ray Train's placement-group watcher, which asks the state API (the dashboard, off in a local
+    instance) about the controller every health check and warns each time it cannot: 51 identical lines
+    in a 20-step run. It keeps watching either way; real failures still reach the driver."""
+    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)
+
+
 def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     """Connect to ``address`` (``"auto"``: the running cluster) or start a local instance.
 
@@ -261,11 +272,13 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     if ray.is_initialized():
         return False
     if address is None:  # the local instance inherits this process's environment (PYTHONPATH included)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
+                 runtime_env={"worker_process_setup_hook": QUIET_HOOK})
     else:  # a running cluster does not: every process of this job (Ray Train's controller too) must import scaletrain
         env = {"PYTHONPATH": make_worker_env(False, False)["PYTHONPATH"]}
         try:
-            ray.init(address=address, configure_logging=False, runtime_env={"env_vars": env})
+            ray.init(address=address, configure_logging=False,
+                     runtime_env={"env_vars": env, "worker_process_setup_hook": QUIET_HOOK})
         except (ConnectionError, TimeoutError) as err:
             reason = next((x.strip() for x in str(err).splitlines() if x.strip()), type(err).__name__)
             raise ConfigError(
