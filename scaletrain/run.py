@@ -152,9 +152,6 @@ def check_pretrained_keys(recipe: Recipe) -> None:
     ``hidden_size`` cannot be honoured, and silently ignoring it would train another
     model than the recipe says. Equal values are allowed, so a recipe may state them.
     """
-    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
-    from scaletrain.models.hf_config import load_hf_config
-
     if problem := pretrained_key_problem(recipe):
         raise ConfigError(problem)
 
