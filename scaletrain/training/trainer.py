@@ -103,6 +103,7 @@ class Trainer(BaseTrainer):
         with jax.set_mesh(self._mesh):
             ahead = self._fetch_batch() if self.stop_reason is None else None
             while self.stop_reason is None:
+                self.checkpoint_manager.raise_if_failed()  # a failed background save ends the run now
                 self.epoch = self.global_step // self.steps_per_epoch
                 if self.epoch != epoch:
                     if epoch is not None:
@@ -129,12 +130,18 @@ class Trainer(BaseTrainer):
         return state
 
     def _teardown(self, state: TrainState) -> None:
-        """Finish pending checkpoint writes and close loggers, whatever ended the run."""
+        """Finish pending checkpoint writes and close loggers, whatever ended the run.
+
+        The loggers are closed even when the wait raises (a save refused for lack of
+        room): their files then keep every record written.
+        """
         try:
             self.fire("post_train", state)
         finally:
-            self.checkpoint_manager.wait()
-            self.close()
+            try:
+                self.checkpoint_manager.wait()
+            finally:
+                self.close()
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_batches(self) -> Iterator[dict[str, jax.Array]]:
