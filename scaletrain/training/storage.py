@@ -7,9 +7,10 @@ TensorStore reports it inside a ``ValueError`` whose text ends in
 
 A save that fails so is also told by orbax's own threads, each with its traceback (the
 array writer, the commit, the finalize thread: hundreds of lines before the one that
-matters), and TensorStore then resolves the writes it had under way for an event loop
-orbax already closed, each an unraisable ``RuntimeError('Event loop is closed')``.
-:func:`quiet_no_room_noise` drops exactly these; every other orbax message stays.
+matters), by asyncio for the gather of writes orbax abandoned, and TensorStore then
+resolves the writes it had under way for an event loop orbax already closed, each an
+unraisable ``RuntimeError('Event loop is closed')``. :func:`quiet_no_room_noise` drops
+exactly these; every other orbax message stays.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 NO_ROOM = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
            errno.EFBIG: "File too large"}
 
-# the loggers orbax reports through: absl's (orbax logs with absl.logging) and its own
-ORBAX_LOGGERS = ("absl", "orbax")
+# where the echoes come from: absl's logger (orbax logs with absl.logging), orbax's own, and
+# asyncio's (a gather of the refused writes that orbax abandoned: "exception was never retrieved")
+ECHO_LOGGERS = ("absl", "orbax", "asyncio")
 
 
 def no_room(err: BaseException | None) -> str | None:
@@ -80,7 +82,7 @@ def _quiet_unraisable_hook(previous: Any) -> Any:
 
 def quiet_no_room_noise() -> None:
     """Silence orbax's echoes of a save refused for lack of room (idempotent; see the module's docstring)."""
-    for name in ORBAX_LOGGERS:
+    for name in ECHO_LOGGERS:
         log = logging.getLogger(name)
         if not any(isinstance(f, NoRoomRecords) for f in log.filters):
             log.addFilter(NoRoomRecords())
