@@ -359,8 +359,11 @@ class Checkpointer:
         run within a step of the failure (one CheckpointError, as :meth:`wait` raises it),
         not at the next save, which may be hours later. Orbax keeps a finished save's
         error for the first ``wait_until_finished``; a save still running is left alone.
+        With several processes it does nothing: each would see the save end at its own
+        step and leave the others waiting in a collective; the next save's :meth:`wait`
+        (or the run's last) raises it instead, at the same step on every process.
         """
-        if self._unchecked and not self._manager.is_saving_in_progress():
+        if self._unchecked and jax.process_count() == 1 and not self._manager.is_saving_in_progress():
             self.wait()
 
     def _raise_if_no_room(self, err: Exception) -> None:

@@ -160,8 +160,8 @@ class SideLogger:
 
     def _turn_off(self, err: OSError) -> None:
         self.off = True
-        logger.warning("%s cannot write (%s): %s logging is off for the rest of this run; metrics.jsonl "
-                       "still has every record", self.name, err.strerror or err, self.name)
+        logger.warning("%s cannot write (%s): it is off from here on; metrics.jsonl keeps every record",
+                       self.name, err.strerror or err)
         if self._writer is not None:
             with contextlib.suppress(OSError):
                 self._writer.close()  # releases the file (what it still buffered cannot be written)
