@@ -61,6 +61,13 @@ def _last_logged_step(out) -> int:
         return max(json.loads(line)["step"] for line in f if line.endswith("\n"))
 
 
+def _train_losses(out) -> dict[int, float]:
+    """Loss per logged step (a resumed run's later line for a step wins); every line must be JSON."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return {r["step"]: r["loss"] for r in records if r.get("split") == "train"}
+
+
 def _params_at(trainer, out, step: int) -> str:
     """Checkpoint ``step`` of ``out`` loaded into ``trainer``'s state: its parameters' hash."""
     ckpt = Checkpointer.for_run(str(out), async_save=False)
@@ -102,6 +109,7 @@ def _check_stopped_and_resumes(out, rc: int, err: str, reference, loggers: str, 
     assert resumed.resumed_from == str(out / "checkpoints" / str(SAVE_STEPS))
     assert resumed.summary["final_step"] == MAX_STEPS
     assert resumed.summary["params_sha256"] == json.loads((ref_out / "summary.json").read_text())["params_sha256"]
+    assert _train_losses(out) == _train_losses(ref_out)  # every step's loss; a half-written line was dropped
 
 
 @pytest.mark.parametrize("loggers", LOGGERS)
@@ -220,6 +228,17 @@ def test_metrics_line_refused_for_lack_of_room_names_its_file(tmp_path, monkeypa
     with pytest.raises(OSError) as err:
         writer.write({"step": 1})
     assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "metrics.jsonl")
+
+
+def test_a_metrics_line_half_written_on_a_full_disk_is_dropped_when_the_run_resumes(tmp_path):
+    from scaletrain.training.loggers import JsonlWriter
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"st')  # the disk took half of step 3's line
+    writer = JsonlWriter(str(path))
+    writer.write({"step": 3})
+    writer.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": s} for s in (1, 2, 3)]
 
 
 def test_only_orbax_reports_of_a_refused_write_are_silenced():

@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger("scaletrain")
@@ -112,17 +112,51 @@ class JsonlWriter:
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
+        drop_partial_line(path)
         self._f = open(path, "a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
-        try:
+        with self._naming_the_file():
             self._f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def close(self) -> None:
+        with self._naming_the_file():
+            self._f.close()
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        """A file object's OSError names no file; the user must learn which one."""
+        try:
+            yield
         except OSError as err:
             err.filename = err.filename or self.path
             raise
 
-    def close(self) -> None:
-        self._f.close()
+
+def drop_partial_line(path: str) -> None:
+    """Cut what follows the last newline of ``path``: a record a refused write left half-written.
+
+    Why: a line is appended whole or the run ends (a full disk can take half of it); a
+    resumed run appending after that half would glue its first record to it, and the
+    file would no longer be one JSON object per line.
+    """
+    try:
+        f = open(path, "rb+")
+    except FileNotFoundError:
+        return
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        keep = end
+        while keep > 0:
+            start = max(0, keep - 65536)
+            f.seek(start)
+            newline = f.read(keep - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        if keep < end:
+            f.truncate(keep)
 
 
 class SideLogger:
