@@ -154,18 +154,31 @@ def _main(argv: list[str] | None) -> int:
     commands = {"train": cmd_train, "sweep": cmd_sweep, "generate": cmd_generate, "export": cmd_export, "plot": cmd_plot}
     try:
         return commands[ns.command](ns)
-    except ScaletrainError as err:
+    except (ScaletrainError, OSError) as err:
+        status = report_user_error(err)
+        if status is None:
+            raise
+        return status
+
+
+def report_user_error(err: BaseException) -> int | None:
+    """Print a user error as one line on stderr and return its exit status (2); None for a bug.
+
+    User errors are :class:`ScaletrainError` and a write refused for lack of room, wherever
+    it was (checkpoint, metrics, summary): the user's to fix by freeing space. A bug keeps
+    its traceback (the caller re-raises). Scripts that drive a Trainer may call this too.
+    """
+    from scaletrain.training.storage import no_room
+
+    if isinstance(err, ScaletrainError):
         print(f"scaletrain: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a full disk is the user's to fix, wherever the write was (metrics, summary, ...)
-        from scaletrain.training.storage import no_room
-
-        reason = no_room(err)
-        if reason is None:
-            raise
-        print(f"scaletrain: error: cannot write {err.filename or 'to the output folder'} ({reason}); free space "
-              "or move training.output_dir, then resume with training.resume_if_possible=true", file=sys.stderr)
-        return 2
+    reason = no_room(err) if isinstance(err, OSError) else None
+    if reason is None:
+        return None
+    print(f"scaletrain: error: cannot write {err.filename or 'to the output folder'} ({reason}); free space "
+          "or move training.output_dir, then resume with training.resume_if_possible=true", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

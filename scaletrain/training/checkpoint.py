@@ -29,7 +29,7 @@ import jax
 from scaletrain.errors import CheckpointError
 from scaletrain.folders import exchange
 from scaletrain.training.restore_checks import fit_error, unreadable
-from scaletrain.training.storage import no_room
+from scaletrain.training.storage import no_room, quiet_no_room_noise
 
 logger = logging.getLogger("scaletrain")
 
@@ -82,6 +82,7 @@ class Checkpointer:
                  async_save: bool = True):
         import orbax.checkpoint as ocp
 
+        quiet_no_room_noise()  # a save refused for lack of room is told once, by _raise_if_no_room
         self.directory = os.path.abspath(directory)
         self.save_total_limit = save_total_limit
         self.keep_best = keep_best
@@ -91,6 +92,7 @@ class Checkpointer:
             cleanup_tmp_directories=False,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers(ocp))
+        self._unchecked = False  # an asynchronous save started whose outcome nobody has read yet
         self._written: list[int] = []  # steps this run saved: the only ones its policy may delete
         self._current: set[int] = set()  # steps whose folder holds this run's state (saved or restored)
         self._scores: dict[int, float] = self._load_scores()
@@ -143,6 +145,7 @@ class Checkpointer:
         except Exception as err:
             self._raise_if_no_room(err)
             raise
+        self._unchecked = True
         self._current.add(step)
         self._written.append(step)
         stale_score = self._scores.pop(step, None)  # an eval loss of the replaced folder's weights
@@ -202,7 +205,7 @@ class Checkpointer:
             keep.add(min(self._scores, key=self._scores.get))
         for step in list(self._written):
             if step not in keep:
-                self._manager.wait_until_finished()
+                self.wait()  # a save refused for lack of room is one CheckpointError here too
                 self._manager.delete(step)
                 self._written.remove(step)
                 self._scores.pop(step, None)
@@ -345,6 +348,22 @@ class Checkpointer:
         except Exception as err:
             self._raise_if_no_room(err)
             raise
+        finally:
+            self._unchecked = False
+
+    def raise_if_failed(self) -> None:
+        """Raise now if an asynchronous save has ended in failure; never blocks.
+
+        Why: the loop calls this every step, so a save refused for lack of room stops the
+        run within a step of the failure (one CheckpointError, as :meth:`wait` raises it),
+        not at the next save, which may be hours later. Orbax keeps a finished save's
+        error for the first ``wait_until_finished``; a save still running is left alone.
+        With several processes it does nothing: each would see the save end at its own
+        step and leave the others waiting in a collective; the next save's :meth:`wait`
+        (or the run's last) raises it instead, at the same step on every process.
+        """
+        if self._unchecked and jax.process_count() == 1 and not self._manager.is_saving_in_progress():
+            self.wait()
 
     def _raise_if_no_room(self, err: Exception) -> None:
         reason = no_room(err)
@@ -357,7 +376,7 @@ class Checkpointer:
         ) from err
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        self.wait()
         self._manager.close()
 
 

@@ -59,11 +59,11 @@ class Trainer(BaseTrainer):
         try:
             state = self._loop(state)
         except BaseException:
-            self._teardown(state)
+            self._teardown(state, failing=True)
             raise
         self._model_state = self.current_state = state
         if self.failed is not None:
-            self._teardown(state)
+            self._teardown(state, failing=True)
             raise self.failed
         if args.save_at_end:
             self.save_checkpoint(state)
@@ -104,6 +104,7 @@ class Trainer(BaseTrainer):
         with jax.set_mesh(self._mesh):
             ahead = self._fetch_batch() if self.stop_reason is None else None
             while self.stop_reason is None:
+                self.checkpoint_manager.raise_if_failed()  # a failed background save ends the run now
                 self.epoch = self.global_step // self.steps_per_epoch
                 if self.epoch != epoch:
                     if epoch is not None:
@@ -129,13 +130,32 @@ class Trainer(BaseTrainer):
                 self.fire("post_epoch", epoch)
         return state
 
-    def _teardown(self, state: TrainState) -> None:
-        """Finish pending checkpoint writes and close loggers, whatever ended the run."""
+    def _teardown(self, state: TrainState, failing: bool = False) -> None:
+        """Finish pending checkpoint writes and close loggers, whatever ended the run.
+
+        A failed save (the final wait) is raised over an error that was already ending the
+        run: on a full disk it says more (which checkpoints are complete) than a refused
+        metrics line. The loggers are closed last, always; once the run is failing, an error
+        closing them (most often the same full disk) never hides the one that ended it.
+        """
         try:
-            self.fire("post_train", state)
-        finally:
-            self.checkpoint_manager.wait()
+            try:
+                self.fire("post_train", state)
+            finally:
+                self.checkpoint_manager.wait()
+        except BaseException:
+            self._close_after_failure()
+            raise
+        if failing:
+            self._close_after_failure()
+        else:
             self.close()
+
+    def _close_after_failure(self) -> None:
+        try:
+            self.close()
+        except Exception as err:  # the error that ends the run is already on its way to the user
+            logger.debug("closing the loggers of a failed run: %s", err)
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_batches(self) -> Iterator[dict[str, jax.Array]]:
