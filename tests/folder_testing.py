@@ -17,3 +17,18 @@ def tree_hash(path: str | os.PathLike) -> str:
             with open(os.path.join(root, name), "rb") as f:
                 digest.update(f.read())
     return digest.hexdigest()
+
+
+def checkpoint_params_sha256(trainer, out: str | os.PathLike, step: int) -> str:
+    """Checkpoint ``step`` of the run in ``out`` loaded into ``trainer``'s state: its parameters' hash
+    (equal for two runs only if the checkpoint holds the same parameters, bit for bit)."""
+    from scaletrain.training.checkpoint import Checkpointer
+    from scaletrain.training.state import params_sha256
+
+    ckpt = Checkpointer.for_run(str(out), async_save=False)
+    try:
+        state, _, _ = ckpt.restore(step, trainer.model_state)
+    finally:
+        ckpt.close()
+    assert int(state.step) == step
+    return params_sha256(state.params)

@@ -36,11 +36,11 @@ import time
 
 import pytest
 
-from scaletrain.training.checkpoint import Checkpointer, step_folders
-from scaletrain.training.state import params_sha256
+from scaletrain.training.checkpoint import step_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from folder_testing import checkpoint_params_sha256  # noqa: E402
 from resume_worker import build_trainer  # noqa: E402
 
 SEED = int(os.environ.get("SCALETRAIN_CHAOS_SEED", "1616"))
@@ -103,17 +103,6 @@ def reference(tmp_path_factory):
     return out, trainer
 
 
-def _params_at(trainer, out, step: int) -> str:
-    """Load checkpoint ``step`` of ``out`` into the reference trainer's state; its parameters' hash."""
-    ckpt = Checkpointer.for_run(str(out), async_save=False)
-    try:
-        state, _, _ = ckpt.restore(step, trainer.model_state)
-    finally:
-        ckpt.close()
-    assert int(state.step) == step
-    return params_sha256(state.params)
-
-
 def test_single_process_chaos_resumes_exactly_and_loses_no_checkpoint(reference, tmp_path):
     ref_out, ref_trainer = reference
     rng = random.Random(SEED)
@@ -166,6 +155,7 @@ def test_single_process_chaos_resumes_exactly_and_loses_no_checkpoint(reference,
     assert complete <= set(kept), f"checkpoints {sorted(complete - set(kept))} lost (seed {SEED})"
     ref_steps = set(step_folders(str(ref_out / "checkpoints")))
     for step in kept:  # each loads; a step the reference also saved holds the reference's parameters there
-        got = _params_at(ref_trainer, out, step)
+        got = checkpoint_params_sha256(ref_trainer, out, step)
         if step in ref_steps:
-            assert got == _params_at(ref_trainer, ref_out, step), f"checkpoint {step} differs (seed {SEED})"
+            want = checkpoint_params_sha256(ref_trainer, ref_out, step)
+            assert got == want, f"checkpoint {step} differs (seed {SEED})"

@@ -26,11 +26,11 @@ import time
 
 import pytest
 
-from scaletrain.training.checkpoint import Checkpointer, step_folders
-from scaletrain.training.state import params_sha256
+from scaletrain.training.checkpoint import step_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from folder_testing import checkpoint_params_sha256  # noqa: E402
 from disk_full_worker import MAX_STEPS, SAVE_STEPS, build_trainer  # noqa: E402
 
 LOGGERS = {"tensorboard": ("tensorboard",), "none": ()}  # the default report_to, and none
@@ -68,16 +68,6 @@ def _train_losses(out) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r.get("split") == "train"}
 
 
-def _params_at(trainer, out, step: int) -> str:
-    """Checkpoint ``step`` of ``out`` loaded into ``trainer``'s state: its parameters' hash."""
-    ckpt = Checkpointer.for_run(str(out), async_save=False)
-    try:
-        state, _, _ = ckpt.restore(step, trainer.model_state)
-    finally:
-        ckpt.close()
-    return params_sha256(state.params)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run, in this process (same 8 fake devices and flags as the subprocess)."""
@@ -103,7 +93,8 @@ def _check_stopped_and_resumes(out, rc: int, err: str, reference, loggers: str, 
     assert f"checkpoints [{SAVE_STEPS}] are intact" in lines[0]
     assert _last_logged_step(out) < FAILED_SAVE + SAVE_STEPS  # it stopped before the next save came due
     assert step_folders(str(out / "checkpoints")) == [SAVE_STEPS]
-    assert _params_at(ref_trainer, out, SAVE_STEPS) == _params_at(ref_trainer, ref_out, SAVE_STEPS)
+    saved = checkpoint_params_sha256(ref_trainer, out, SAVE_STEPS)
+    assert saved == checkpoint_params_sha256(ref_trainer, ref_out, SAVE_STEPS)
     resumed = build_trainer(str(out), LOGGERS[loggers])
     resumed.train()
     assert resumed.resumed_from == str(out / "checkpoints" / str(SAVE_STEPS))
