@@ -119,8 +119,10 @@ def test_kill_switch_and_sigterm(tmp_path):
 
 def test_refuses_to_start_fresh_over_existing_checkpoints(tmp_path):
     _trainer(tmp_path, max_training_steps=2).train()
+    before = tree_hash(tmp_path)
     with pytest.raises(CheckpointError, match="resume_if_possible"):
         _trainer(tmp_path).train()
+    assert tree_hash(tmp_path) == before  # the refused start left every byte of the run as it was
 
 
 def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
@@ -128,16 +130,18 @@ def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
     step_dir = tmp_path / "checkpoints" / "2"
     victim = next(p for p in sorted((step_dir / "state").rglob("*")) if p.is_file() and p.stat().st_size > 100)
     victim.write_bytes(b"\x00garbage" * 20)
-    before = tree_hash(step_dir)
+    before = tree_hash(tmp_path)
     with pytest.raises(CheckpointError, match=str(step_dir)):
         _trainer(tmp_path, resume_if_possible=True).train()
-    assert tree_hash(step_dir) == before
+    assert tree_hash(tmp_path) == before
 
 
 def test_shape_mismatch_names_the_checkpoint_and_tensor(tmp_path):
     _trainer(tmp_path, max_training_steps=2).train()
+    before = tree_hash(tmp_path)
     with pytest.raises(CheckpointError, match=r"checkpoints/2 does not fit this model.*embed_tokens has shape"):
         _trainer(tmp_path, hidden=64, resume_if_possible=True).train()
+    assert tree_hash(tmp_path) == before
 
 
 def test_save_total_limit_only_deletes_its_own(tmp_path):

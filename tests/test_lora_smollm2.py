@@ -50,7 +50,8 @@ def test_chat_lora_example_trains_and_peft_answers(tmp_path):
     assert losses[1] < losses[0]  # one adapter update lowers the loss on this same batch
     # export (what `scaletrain export` does): the checkpoint's adapters onto the base it names
     folder = export_checkpoint(str(run), str(tmp_path / "adapter"))
-    assert sorted(os.listdir(folder)) == ["adapter_config.json", "adapter_model.safetensors"]
+    # PEFT's two files, and the record that lets the next export replace this folder (docs/hf.md)
+    assert sorted(os.listdir(folder)) == ["adapter_config.json", "adapter_model.safetensors", "scaletrain_export.json"]
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(base)

@@ -10,6 +10,7 @@ given twice silently kept the last; a bad override was blamed on the recipe file
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -131,7 +132,7 @@ def _rows(n=32):
     return [{"input_ids": (rng.integers(0, 128) + np.arange(16)) % 128} for _ in range(n)]
 
 
-def test_an_explicit_step_budget_wins_over_the_default_epochs(tmp_path, capsys):
+def test_an_explicit_step_budget_wins_over_the_default_epochs(tmp_path, capsys, monkeypatch):
     assert st.TrainingArguments(max_steps=20).num_train_epochs is None  # HF's name, as HF means it
     assert st.TrainingArguments(max_training_steps=20, num_train_epochs=1).num_train_epochs == 1  # both explicit
     later = st.TrainingArguments()
@@ -148,6 +149,8 @@ def test_an_explicit_step_budget_wins_over_the_default_epochs(tmp_path, capsys):
     model = create_sharded_model(LlamaForCausalLM, cfg, seed=0)[0]
     args = st.TrainingArguments(output_dir=str(tmp_path / "run"), total_batch_size=8, max_length=16,
                                 max_steps=10, progress_bar=False, do_eval=False, save_at_end=False, report_to=[])
+    # as in a script that never set up logging (pytest's own handlers on the root logger stay out of reach)
+    monkeypatch.setattr(logging.getLogger("scaletrain"), "propagate", False)
     trainer = st.Trainer(args, model=model, dataset_train=_rows())  # 4 steps per epoch
     assert trainer.train() and trainer.summary["final_step"] == 10
     plan = capsys.readouterr().err  # printed without any logging set up, as the CLI logs it

@@ -33,8 +33,8 @@ def resolve_axis_dims(dims: Sequence[int], device_count: int, name: str = "shard
     fixed = math.prod(d for d in dims if d != -1)
     if free:
         if device_count % fixed:
-            raise ConfigError(f"{name} {list(dims)}: {_devices(device_count)} cannot be split by the fixed axes' "
-                              f"product {fixed}")
+            raise ConfigError(f"{name} {list(dims)}: {_devices(device_count)} {'is' if device_count == 1 else 'are'} "
+                              f"not divisible by the fixed axes' product {fixed}")
         dims = tuple(device_count // fixed if d == -1 else d for d in dims)
     if math.prod(dims) != device_count:
         raise ConfigError(f"{name} {list(dims)} uses {math.prod(dims)} devices but {_devices(device_count)} "

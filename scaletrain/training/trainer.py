@@ -271,12 +271,13 @@ class Trainer(BaseTrainer):
 
 
 def _announce(text: str) -> None:
-    """Log ``text`` at INFO; where nothing would show it (Python without logging set up), print it.
+    """Log ``text`` at INFO; where logging is not set up at all (a notebook, a script), print it.
 
     Why: the CLI configures logging, a notebook or script usually does not, and the plan
-    (which budget ends the run) must reach both users alike.
+    (which budget ends the run) must reach both users alike. Logging that is set up decides
+    (a level above INFO hides the plan, as it hides every INFO line).
     """
-    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+    if logger.hasHandlers():
         logger.info(text)
     else:
         print(text, file=sys.stderr, flush=True)
