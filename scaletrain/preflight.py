@@ -11,8 +11,6 @@ tokenizing, costs a user one long wait per mistake. The checks deeper in the sta
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from typing import Any
 
@@ -32,7 +30,7 @@ class PreflightError(ScaletrainError):
     """Every problem the recipe has before its data is read, one per line."""
 
 
-def problems_before_data(recipe: Recipe, config: Any, module_class: type | None) -> list[str]:
+def problems_before_data(recipe: Recipe, config: Any, module_class: type) -> list[str]:
     """Every problem found, one sentence each; ``config`` is the model's, as it will be built."""
     return [
         *mesh_problems(recipe, config),
@@ -55,15 +53,13 @@ def mesh_problems(recipe: Recipe, config: Any) -> list[str]:
     import jax
 
     from scaletrain.parallel.mesh import resolve_axis_dims
+    from scaletrain.parallel.partition import batch_problems
 
-    names = recipe.mesh.axis_names
     try:
         dims = resolve_axis_dims(recipe.mesh.axis_dims, jax.device_count(), name="mesh.axis_dims")
     except ScaletrainError as err:
         return [str(err)]
-    from scaletrain.parallel.partition import batch_problems
-
-    shape = dict(zip(names, dims))
+    shape = dict(zip(recipe.mesh.axis_names, dims))
     a = recipe.training
     out = batch_problems(a.step_partition_spec, shape, total_batch_size=a.total_batch_size, max_length=a.max_length)
     experts = getattr(config, "num_experts", None)
@@ -82,10 +78,10 @@ def position_problems(recipe: Recipe, config: Any) -> list[str]:
     return []
 
 
-def lora_problems(recipe: Recipe, config: Any, module_class: type | None) -> list[str]:
+def lora_problems(recipe: Recipe, config: Any, module_class: type) -> list[str]:
     """LoRA targets against the model's linear layers, found on an abstract model (no arrays made)."""
     lora = recipe.lora
-    if lora is None or module_class is None:
+    if lora is None:
         return []
     from scaletrain.models.factory import abstract_model
     from scaletrain.models.lora import target_paths
@@ -99,7 +95,13 @@ def lora_problems(recipe: Recipe, config: Any, module_class: type | None) -> lis
 
 def existing_run_problems(recipe: Recipe, config: Any) -> list[str]:
     """A run already in ``output_dir`` (or ``resume_from``): refused unless resumed, and resumed only if it fits."""
-    from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, resolve_checkpoint, step_folders
+    from scaletrain.training.checkpoint import (
+        CHECKPOINT_DIR,
+        read_meta,
+        refuse_start_over,
+        resolve_checkpoint,
+        step_folders,
+    )
 
     args = recipe.training
     if args.resume_from:
@@ -118,21 +120,15 @@ def existing_run_problems(recipe: Recipe, config: Any) -> list[str]:
             except ScaletrainError as err:
                 return [str(err)]
         step = steps[-1]
-    meta = _read_meta(os.path.join(directory, str(step)))
-    if meta is None:  # unreadable or older: the restore itself reports on it
-        return []
     where = os.path.join(directory, str(step))
+    try:
+        meta = read_meta(where)
+    except ScaletrainError:  # unreadable: the restore itself says so, naming the earlier checkpoints
+        return []
+    if not isinstance(meta, dict):
+        return []
     return [*_config_differences(where, meta.get("config") or {}, config.to_dict()),
             *_lora_differences(where, (meta.get("arguments") or {}).get("lora"), recipe.lora)]
-
-
-def _read_meta(step_dir: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(step_dir, "meta", "metadata")) as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
 
 
 def _config_differences(where: str, saved: dict[str, Any], now: dict[str, Any]) -> list[str]:

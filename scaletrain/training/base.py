@@ -152,10 +152,8 @@ class BaseTrainer(BaseTrainerProtocol):
 
     @property
     def parameter_counts(self) -> tuple[int, int]:
-        """``(trainable, total)``: equal for a full fine-tune; with LoRA the adapters and adapters + base.
-
-        The base is counted from its config, not its arrays: QLoRA stores it as packed codes and scales.
-        """
+        """``(trainable, total)``: equal for a full fine-tune; with LoRA the adapters and adapters + base,
+        the base counted from its config, not its arrays (QLoRA stores it as packed codes and scales)."""
         trainable = self._model_state.num_params
         if self._model_state.frozen is None:
             return trainable, trainable
@@ -305,13 +303,14 @@ class BaseTrainer(BaseTrainerProtocol):
     def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
         from scaletrain import __version__
 
+        trainable, total = self.parameter_counts
         return {
             "scaletrain_version": __version__,
             "config": self._model.config.to_dict(),
             "arguments": self.arguments.model_dump(mode="json"),
             "recipe": self.recipe,
-            "num_params": self.parameter_counts[1],
-            "num_trainable_params": self.parameter_counts[0],
+            "num_params": total,
+            "num_trainable_params": trainable,
             "train_rows": len(self._train_source),
             "mesh": dict(self._mesh.shape),
             "lora": self.lora_base_record(state),

@@ -230,12 +230,7 @@ class Checkpointer:
 
     # ---- restore --------------------------------------------------------------
     def read_meta(self, step: int) -> dict[str, Any]:
-        path = os.path.join(self.path(step), "meta", "metadata")
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {self.path(step)}: cannot read its metadata ({err})") from None
+        return read_meta(self.path(step))
 
     def restore(self, step: int, template: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         """Restore ``step`` into the shapes and shardings of ``template`` (a TrainState).
@@ -378,6 +373,15 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._manager.close()
+
+
+def read_meta(step_dir: str) -> dict[str, Any]:
+    """The metadata saved with the checkpoint in ``step_dir`` (read without orbax; CheckpointError if unreadable)."""
+    try:
+        with open(os.path.join(step_dir, "meta", "metadata")) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {step_dir}: cannot read its metadata ({err})") from None
 
 
 def resolve_checkpoint(path: str) -> tuple[str, int]:

@@ -185,7 +185,7 @@ class RunLock:
         try:
             if untouched and self._previous is None:
                 os.unlink(self.path)  # still under our flock, so no other run read it meanwhile
-            elif untouched and _released(self._previous):  # the same meaning: the old bytes back
+            elif untouched and _parse_record(self._previous).get("released") is True:  # same meaning: old bytes
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, self._previous, 0)
             else:
@@ -208,19 +208,18 @@ class RunLock:
 
 def _read_record(fd: int) -> dict[str, Any]:
     try:
-        data = os.pread(fd, 4096, 0)
+        return _parse_record(os.pread(fd, 4096, 0))
+    except OSError:
+        return {}
+
+
+def _parse_record(data: bytes) -> dict[str, Any]:
+    """A lock file's record, ``{}`` when it is empty or not one."""
+    try:
         record = json.loads(data) if data.strip() else {}
-    except (OSError, ValueError):
+    except ValueError:
         return {}
     return record if isinstance(record, dict) else {}
-
-
-def _released(data: bytes) -> bool:
-    try:
-        record = json.loads(data)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and record.get("released") is True
 
 
 def missing_folders(path: str) -> list[str]:

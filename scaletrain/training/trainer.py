@@ -246,6 +246,7 @@ class Trainer(BaseTrainer):
 
     def write_summary(self, state: TrainState) -> dict[str, Any]:
         """``summary.json``: final losses, steady throughput, MFU and the parameter digest."""
+        trainable, total = self.parameter_counts
         summary = summary_record(
             self.arguments,
             final_step=self.global_step,
@@ -256,8 +257,8 @@ class Trainer(BaseTrainer):
             steady=self.metrics_logger.steady_throughput(),
             max_training_steps=self.max_training_steps,
             flops_per_token=self._flops_per_token,
-            num_params=self.parameter_counts[1],
-            num_trainable_params=self.parameter_counts[0],
+            num_params=total,
+            num_trainable_params=trainable,
             params_sha256=params_sha256(state.params),  # all processes: the gather is a collective
             elapsed_s=time.perf_counter() - self.start_time,
             checkpoint=self.last_checkpoint,
