@@ -3,9 +3,9 @@
 Unknown keys and wrong types are errors that name the key (``InvalidConfig``, a
 ``ConfigError``, with a "did you mean"). EasyDeL's and Hugging Face's names are
 accepted where they mean the same as ours and refused with what to set otherwise
-(:mod:`scaletrain.argument_names`); saving writes our names. Defaults never change
-the schedule behind the user's back: the trainer prints the resolved plan (steps,
-epochs, tokens, schedule) at start.
+(the table is :mod:`scaletrain.compat.easydel.argument_names`); saving writes our names.
+Defaults never change the schedule behind the user's back: the trainer prints the
+resolved plan (steps, epochs, tokens, schedule) at start.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, ValidationError, field_validator, model_validator
 
-from scaletrain.argument_names import EASYDEL_SCHEDULERS, FIXED, HF_SCHEDULERS, REFUSED, RENAMED
+from scaletrain.compat.easydel.argument_names import EASYDEL_SCHEDULERS, FIXED, HF_SCHEDULERS, REFUSED, RENAMED
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
 from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors, unknown_key_message
 from scaletrain.errors import ConfigError

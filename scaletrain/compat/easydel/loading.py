@@ -13,8 +13,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from scaletrain.distributed.ray_config import PLACEMENT_KEYS
-from scaletrain.distributed.storage import fetch
+from scaletrain.compat.easydel.ray_config import PLACEMENT_KEYS
+from scaletrain.remote_storage import fetch
 from scaletrain.models.config import RUNTIME_KEYS
 
 if TYPE_CHECKING:  # pragma: no cover

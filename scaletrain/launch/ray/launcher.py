@@ -8,9 +8,9 @@ What each worker does, and why:
    to everyone, and each worker calls ``jax.distributed.initialize``. Workers run with
    ``XLA_FLAGS`` cleared: one CPU device per process (several local devices per
    process can hang later steps on the gloo collectives).
-2. The job (a picklable :class:`TrainJob` or :class:`RecipeJob`) builds the model on
-   the global mesh and trains; :func:`make_batch_iterator` gives each process its own
-   rows of every global batch; orbax writes checkpoints from all processes into the
+2. The job (any picklable callable: :class:`RecipeJob` for a recipe, the EasyDeL
+   façade's ``TrainJob``) builds the model on the global mesh and trains;
+   :func:`make_batch_iterator` gives each process its own rows of every global batch; orbax writes checkpoints from all processes into the
    run's ``output_dir`` (which every worker must reach: a shared or network folder).
 3. ``metrics.jsonl`` and ``summary.json`` are written by process 0; the newest train record
    goes to Ray through ``ray.train.report`` at each checkpoint and the summary at the end (a
@@ -33,9 +33,9 @@ than taking it; the Trainer it runs then holds it re-entrantly. One lock file, o
 owner: a launch, a single-process run and a sweep member on one folder all exclude each
 other, which a second lock file guarding only launches would not do.
 
-:func:`run_recipe` (``scaletrain train``) chooses between this process and Ray here,
-next to the launcher, so that :mod:`scaletrain.run` (what every worker runs) never
-imports :mod:`scaletrain.distributed`: the two import one way only.
+:func:`run_recipe_on_ray` is the ``ray`` backend of ``scaletrain train``
+(:mod:`scaletrain.launch.backends` chooses it); :mod:`scaletrain.run`, what every worker
+runs, never imports :mod:`scaletrain.launch`: the two import one way only.
 """
 
 from __future__ import annotations
@@ -49,15 +49,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scaletrain.distributed.driver_stop import (
+from scaletrain.launch.ray.driver_stop import (
     DriverSignals,
     RelayDriverStop,
     call_off_main_thread,
     clear_stop_request,
     stop_request_path,
 )
-from scaletrain.distributed.failures import exhausted_error, root_cause, user_error_in
-from scaletrain.distributed.worker_callbacks import (
+from scaletrain.launch.ray.failures import exhausted_error, root_cause, user_error_in
+from scaletrain.launch.ray.worker_callbacks import (
     PLACEMENT_FILE,
     placement_callback,
     report_callback,
@@ -78,36 +78,7 @@ ATTEMPTS_FILE = "ray_attempts.jsonl"
 RAY_DIR = "ray"  # under output_dir: Ray Train's run state (RunConfig name) and the placement records
 
 
-# ---- jobs: what every worker runs ----------------------------------------------------
-@dataclass
-class TrainJob:
-    """``RayDistributedTrainer.train`` with these arguments, run on every worker."""
-
-    trainer: Any
-    scaling_index: int
-    arguments: Any
-    dataset_train: Any
-    dataset_eval: Any = None
-    data_collator: Callable | None = None
-    callbacks: tuple[Any, ...] = ()
-
-    def __call__(self, callbacks: Sequence[Any]) -> dict[str, Any]:
-        from scaletrain.training.callbacks import Callback
-
-        train = self.dataset_train() if callable(self.dataset_train) else self.dataset_train
-        evals = self.dataset_eval() if callable(self.dataset_eval) else self.dataset_eval
-        arguments = self.arguments.model_copy(update={"resume_if_possible": True})
-        captured: dict[str, Any] = {}
-
-        class Capture(Callback):
-            def post_init(self, trainer: Any) -> None:
-                captured["trainer"] = trainer
-
-        self.trainer.train(self.scaling_index, arguments, train, evals, self.data_collator,
-                           callbacks=[*self.callbacks, *callbacks, Capture()])
-        return dict(captured["trainer"].summary)
-
-
+# ---- the CLI's job, and its launch ---------------------------------------------------------
 @dataclass
 class RecipeJob:
     """``scaletrain.run.run_training(recipe)`` on every worker (the CLI's path)."""
@@ -122,13 +93,9 @@ class RecipeJob:
         return run_training(recipe, callbacks=callbacks)
 
 
-def run_recipe(recipe: Recipe) -> dict[str, Any]:
-    """``scaletrain train``: in this process, or on Ray when ``ray.num_workers`` is set; the summary."""
-    from scaletrain.run import run_training
-
-    if not recipe.ray.num_workers:
-        return run_training(recipe)
-    from scaletrain.distributed.prelaunch import check_recipe_before_launch
+def run_recipe_on_ray(recipe: Recipe) -> dict[str, Any]:
+    """The ``ray`` backend of ``scaletrain train``: ``ray.num_workers`` processes run the recipe; the summary."""
+    from scaletrain.launch.ray.prelaunch import check_recipe_before_launch
 
     check_recipe_before_launch(recipe)  # what needs no worker fails here, once, before Ray starts
     recipe = recipe.model_copy(deep=True)
@@ -253,7 +220,7 @@ def import_ray() -> Any:
 
 
 #: runs in every process of the job (:func:`quiet_ray_internals`)
-QUIET_HOOK = "scaletrain.distributed.launcher.quiet_ray_internals"
+QUIET_HOOK = "scaletrain.launch.ray.launcher.quiet_ray_internals"
 
 
 def quiet_ray_internals() -> None:
