@@ -6,8 +6,9 @@
 - :mod:`.ray_config`: ``RayDistributedConfig``, its defaults and resolution rules;
   :mod:`.codec` and :mod:`.config_format`: its saved JSON (ours, exact; EasyDeL's, read);
 - :mod:`.loading`: ``bucket_path`` checkpoints and Hugging Face folders;
-- :mod:`.argument_names`: EasyDeL's and Hugging Face's ``TrainingArguments`` names
-  (pure data at the bottom layer: ``TrainingArguments`` reads it when validating).
+- :mod:`.argument_names`: EasyDeL's and Hugging Face's ``TrainingArguments`` names and
+  their translation (at the bottom layer: ``TrainingArguments`` applies it before
+  validating, so its own fields and validators know only our names).
 
 Names are imported lazily: ``import scaletrain.compat.easydel`` imports neither Ray nor JAX.
 """
