@@ -174,7 +174,7 @@ def _measures(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _run_members(todo: dict[int, Recipe], rows: dict[int, dict[str, Any]], ray_address: str | None,
                  num_cpus: int | None, cpus_per_member: float) -> None:
-    from scaletrain.launch.ray.launcher import ensure_ray, import_ray, make_worker_env
+    from scaletrain.launch.ray.cluster import ensure_ray, import_ray, make_worker_env
 
     ray = import_ray()
     started_ray = ensure_ray(ray_address, num_cpus)

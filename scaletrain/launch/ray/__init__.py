@@ -1,9 +1,10 @@
 """The ``ray`` backend: N JAX processes under Ray Train, restarts after failures, stops on signals.
 
-:mod:`.launcher` starts the worker group and decides restarts; :mod:`.worker_callbacks`
-report from inside it; :mod:`.failures` tells a user error from a crash;
-:mod:`.driver_stop` forwards SIGTERM/SIGINT; :mod:`.chaos` injects failures in tests;
-:mod:`.prelaunch` checks a recipe before any worker starts. Names are imported lazily:
+:mod:`.launcher` starts the worker group and decides restarts; :mod:`.cluster` reaches
+Ray (a local instance or a running cluster) and sets the workers' environment;
+:mod:`.worker_callbacks` report from inside the group; :mod:`.failures` tells a user
+error from a crash; :mod:`.driver_stop` forwards SIGTERM/SIGINT; :mod:`.chaos` injects
+failures in tests; :mod:`.prelaunch` checks a recipe before any worker starts. Names are imported lazily:
 ``import scaletrain.launch.ray`` imports neither Ray nor JAX.
 """
 
