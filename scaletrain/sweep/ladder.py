@@ -27,9 +27,9 @@ import time
 import warnings
 from typing import Any
 
-from scaletrain.sweep.keys import keyed_recipe, record_member, refuse_or_move, stale_member
 from scaletrain.errors import ConfigError
 from scaletrain.recipe import Recipe, apply_overrides
+from scaletrain.sweep.keys import keyed_recipe, record_member, refuse_or_move, stale_member
 from scaletrain.training.outputs import read_summary, write_json_atomic
 
 logger = logging.getLogger("scaletrain")

@@ -20,11 +20,11 @@ import jax.numpy as jnp
 from pydantic import BaseModel
 
 from scaletrain.compat.easydel import config_format
-from scaletrain.remote_storage import read_text, write_text
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import get_modules_by_type, model_class_identity
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
+from scaletrain.remote_storage import read_text, write_text
 
 logger = logging.getLogger("scaletrain")
 

@@ -10,8 +10,9 @@ What each worker does, and why:
    process can hang later steps on the gloo collectives).
 2. The job (any picklable callable: :class:`RecipeJob` for a recipe, the EasyDeL
    façade's ``TrainJob``) builds the model on the global mesh and trains;
-   :func:`make_batch_iterator` gives each process its own rows of every global batch; orbax writes checkpoints from all processes into the
-   run's ``output_dir`` (which every worker must reach: a shared or network folder).
+   :func:`make_batch_iterator` gives each process its own rows of every global batch;
+   orbax writes checkpoints from all processes into the run's ``output_dir`` (which
+   every worker must reach: a shared or network folder).
 3. ``metrics.jsonl`` and ``summary.json`` are written by process 0; the newest train record
    goes to Ray through ``ray.train.report`` at each checkpoint and the summary at the end (a
    report is a barrier, so all ranks call it, at the same steps).
@@ -49,6 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.launch.ray.cluster import ensure_ray, import_ray, make_worker_env
 from scaletrain.launch.ray.driver_stop import (
     DriverSignals,
     RelayDriverStop,
@@ -56,7 +59,6 @@ from scaletrain.launch.ray.driver_stop import (
     clear_stop_request,
     stop_request_path,
 )
-from scaletrain.launch.ray.cluster import ensure_ray, import_ray, make_worker_env
 from scaletrain.launch.ray.failures import exhausted_error, root_cause, user_error_in
 from scaletrain.launch.ray.worker_callbacks import (
     PLACEMENT_FILE,
@@ -64,7 +66,6 @@ from scaletrain.launch.ray.worker_callbacks import (
     report_callback,
     restart_marker_callback,
 )
-from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
 from scaletrain.training.outputs import read_summary
