@@ -3,9 +3,9 @@
 Unknown keys and wrong types are errors that name the key (``InvalidConfig``, a
 ``ConfigError``, with a "did you mean"). EasyDeL's and Hugging Face's names are
 accepted where they mean the same as ours and refused with what to set otherwise
-(:mod:`scaletrain.argument_names`); saving writes our names. Defaults never change
-the schedule behind the user's back: the trainer prints the resolved plan (steps,
-epochs, tokens, schedule) at start.
+(the table is :mod:`scaletrain.compat.easydel.argument_names`); saving writes our names.
+Defaults never change the schedule behind the user's back: the trainer prints the
+resolved plan (steps, epochs, tokens, schedule) at start.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, ValidationError, field_validator, model_validator
 
-from scaletrain.argument_names import EASYDEL_SCHEDULERS, FIXED, HF_SCHEDULERS, REFUSED, RENAMED
+from scaletrain.compat.easydel.argument_names import EASYDEL_SCHEDULERS, translate_other_names
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
-from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors, unknown_key_message
+from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import dtype_name
 from scaletrain.models.lora_config import LoRAConfig
@@ -104,39 +104,10 @@ class TrainingArguments(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _other_names(cls, data: Any) -> Any:
-        """EasyDeL's and Hugging Face's names: rename, accept at our fixed value, or refuse with a hint."""
+        """EasyDeL's and Hugging Face's names, translated by their table (renamed, fixed or refused)."""
         if not isinstance(data, dict):
             return data
-        data, problems, use_wandb = dict(data), [], None
-        for key in [k for k in data if k not in cls.model_fields]:
-            value = data.pop(key)
-            if key in RENAMED:
-                if RENAMED[key] in data:
-                    problems.append((key, f"give {key!r} or {RENAMED[key]!r}, not both (same field)", value))
-                data[RENAMED[key]] = value
-            elif key == "use_wandb":
-                use_wandb = bool(value)
-            elif key == "lr_scheduler_type" and str(getattr(value, "value", value)) in HF_SCHEDULERS:
-                name = HF_SCHEDULERS[str(getattr(value, "value", value))]
-                data.setdefault("scheduler", name)
-                if name != "constant":  # Hugging Face's decay ends at 0
-                    data.setdefault("learning_rate_end", 0.0)
-            elif key == "resume_from_checkpoint":
-                if isinstance(value, str):
-                    data.setdefault("resume_from", value)
-                elif value:
-                    data.setdefault("resume_if_possible", True)
-            elif key in FIXED:
-                allowed, why = FIXED[key]
-                if _fixed_value(value) not in allowed:
-                    problems.append((key, f"only {' or '.join(map(repr, allowed))} here: {why}", value))
-            elif key in REFUSED:
-                problems.append((key, f"not supported: {REFUSED[key]}", value))
-            elif key == "lr_scheduler_type":
-                problems.append((key, f"use one of {sorted(HF_SCHEDULERS)} (or scheduler)", value))
-            else:
-                known = [*cls.model_fields, *RENAMED, "use_wandb", "lr_scheduler_type", "resume_from_checkpoint"]
-                problems.append((key, unknown_key_message(str(key), known, list_valid=False), value))
+        data, problems, use_wandb = translate_other_names(data, cls.model_fields, _fixed_value)
         if problems:
             try:  # the other keys' problems too, so one run shows them all
                 cls.model_validate(data)

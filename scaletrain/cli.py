@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from scaletrain.distributed.launcher import run_recipe
+    from scaletrain.launch.backends import run_recipe
     from scaletrain.recipe import Recipe
 
     recipe = Recipe.load(ns.recipe, ns.overrides)
@@ -69,7 +69,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    from scaletrain.distributed.sweep import run_sweep
+    from scaletrain.sweep.ladder import run_sweep
     from scaletrain.errors import ConfigError
     from scaletrain.recipe import Recipe
 
@@ -168,7 +168,7 @@ def report_user_error(err: BaseException) -> int | None:
     it was (checkpoint, metrics, summary): the user's to fix by freeing space. A bug keeps
     its traceback (the caller re-raises). Scripts that drive a Trainer may call this too.
     """
-    from scaletrain.training.storage import no_room
+    from scaletrain.training.disk_full import no_room
 
     if isinstance(err, ScaletrainError):
         print(f"scaletrain: error: {err}", file=sys.stderr)

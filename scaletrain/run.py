@@ -1,10 +1,10 @@
 """Run a recipe end to end in this process: tokenizer -> data -> model -> Trainer -> sample.
 
 ``scaletrain train RECIPE`` reaches :func:`run_training` through
-:func:`scaletrain.distributed.launcher.run_recipe`, which decides between this process
-and Ray; this module never imports :mod:`scaletrain.distributed` (it is what the Ray
-workers run). It holds no training logic of its own, only the wiring from recipe
-sections to library objects.
+:func:`scaletrain.launch.run_recipe`, which picks the recipe's backend (this process,
+or Ray workers that each call it); this module never imports :mod:`scaletrain.launch`
+(it is what those workers run). It holds no training logic of its own, only the wiring
+from recipe sections to library objects.
 """
 
 from __future__ import annotations

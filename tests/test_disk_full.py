@@ -235,7 +235,7 @@ def test_a_metrics_line_half_written_on_a_full_disk_is_dropped_when_the_run_resu
 def test_only_orbax_reports_of_a_refused_write_are_silenced():
     import logging
 
-    from scaletrain.training.storage import NoRoomRecords
+    from scaletrain.training.disk_full import NoRoomRecords
 
     def record(msg: str, exc: BaseException | None = None) -> logging.LogRecord:
         return logging.LogRecord("absl", logging.ERROR, __file__, 1, msg, None,

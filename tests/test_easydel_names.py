@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from scaletrain import AttentionMechanisms, EasyDeLGradientCheckPointers, PartitionAxis, TrainingArguments
-from scaletrain.distributed.ray_config import RayDistributedConfig
+from scaletrain.compat.easydel.ray_config import RayDistributedConfig
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig
 from scaletrain.recipe import Recipe

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from scaletrain import host_memory
-from scaletrain.distributed.launcher import make_worker_env
+from scaletrain.launch.ray.cluster import make_worker_env
 
 needs_hugepages = pytest.mark.skipif(not host_memory.hugepages_supported(),
                                      reason="needs Linux, glibc >= 2.35 and transparent huge pages (madvise)")

@@ -67,7 +67,7 @@ def test_a_second_launch_on_a_locked_folder_is_refused_before_writing(tmp_path):
     """The driver takes output_dir's run lock before it writes there: a second launch changes nothing."""
     import ray
 
-    from scaletrain.distributed.launcher import RAY_DIR, launch_on_ray
+    from scaletrain.launch.ray.launcher import RAY_DIR, launch_on_ray
     from scaletrain.errors import ConfigError
 
     out = tmp_path / "run"
@@ -149,7 +149,7 @@ def test_killed_worker_restarts_from_checkpoint(docs_run):
 
 def test_sigterm_to_a_worker_stops_with_a_checkpoint_and_resumes_exactly(docs_run):
     """Issue 16 item 4: a preempted worker (SIGTERM) stops every process at one step, with a checkpoint."""
-    from scaletrain.distributed import SignalWorkerOnce
+    from scaletrain.launch.ray import SignalWorkerOnce
     from scaletrain.training.checkpoint import step_folders
 
     folder, ns = docs_run

@@ -94,7 +94,7 @@ def test_driver_sigint_stops_the_workers_with_a_checkpoint(tmp_path):
 def test_driver_signals_write_one_request_and_a_new_launch_clears_it(tmp_path):
     """SIGTERM on the driver's main thread becomes the stop request the workers read (the same
     handler as SIGINT above); a second signal stops at once; an old request never stops a new launch."""
-    from scaletrain.distributed.driver_stop import DriverSignals, clear_stop_request, stop_request_path
+    from scaletrain.launch.ray.driver_stop import DriverSignals, clear_stop_request, stop_request_path
 
     ray_dir = str(tmp_path / "ray")
     path = clear_stop_request(ray_dir)
@@ -121,8 +121,8 @@ def test_user_errors_found_without_a_worker(tmp_path):
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]  # one line
     assert "ray.address='auto': no Ray cluster could be reached" in res.stderr
 
-    from scaletrain.distributed.launcher import run_recipe
     from scaletrain.errors import ConfigError, DataError
+    from scaletrain.launch import run_recipe
     from scaletrain.recipe import Recipe
 
     run = tmp_path / "checked"
@@ -170,8 +170,8 @@ def _attempts(folder):
 
 
 def test_user_error_on_a_worker_is_not_retried(ray_instance, tmp_path):
-    from scaletrain.distributed.launcher import launch_on_ray
     from scaletrain.errors import DataError
+    from scaletrain.launch.ray.launcher import launch_on_ray
 
     with pytest.raises(DataError, match="has no rows"):
         launch_on_ray(FailingJob(user_error=True), num_workers=2, output_dir=str(tmp_path), max_failures=2)
@@ -179,8 +179,8 @@ def test_user_error_on_a_worker_is_not_retried(ray_instance, tmp_path):
 
 
 def test_exhausted_restarts_give_one_message(ray_instance, tmp_path):
-    from scaletrain.distributed.failures import WorkersFailedError
-    from scaletrain.distributed.launcher import launch_on_ray
+    from scaletrain.launch.ray.failures import WorkersFailedError
+    from scaletrain.launch.ray.launcher import launch_on_ray
 
     with pytest.raises(WorkersFailedError) as info:
         launch_on_ray(FailingJob(user_error=False), num_workers=2, output_dir=str(tmp_path), max_failures=1)

@@ -13,9 +13,8 @@ import pytest
 
 import scaletrain as st
 from docs_testing import doc_blocks
+from scaletrain.compat.easydel import RayDistributedConfig, RayDistributedTrainer, TrainerSetupError, codec
 from scaletrain.data import bundled_tokenizer_path
-from scaletrain.distributed import RayDistributedConfig, RayDistributedTrainer, TrainerSetupError
-from scaletrain.distributed import codec
 from scaletrain.errors import ConfigError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, MistralForCausalLM, TaskType
 from scaletrain.parallel import PartitionAxis
@@ -254,7 +253,7 @@ def test_train_priority_state_model_bucket_new(tmp_path):
 
 
 def test_module_docstring_example_runs():
-    import scaletrain.distributed.ray_trainer as module
+    import scaletrain.compat.easydel.ray_trainer as module
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 5 and result.failed == 0
@@ -270,7 +269,7 @@ def test_import_does_not_pull_ray():
     import subprocess
     import sys
 
-    code = "import scaletrain.distributed, sys; print('ray' in sys.modules, 'jax' in sys.modules)"
+    code = "import scaletrain.compat.easydel, scaletrain.launch.ray, scaletrain.sweep, sys; print('ray' in sys.modules, 'jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
     assert out.stdout.split() == ["False", "False"], out.stderr

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from scaletrain.distributed.sweep import fit_power_law, is_finished, member_recipe, run_sweep, write_report
-from scaletrain.distributed.sweep_keys import (changed_keys, keyed_recipe, move_aside, record_member, recipe_digest,
+from scaletrain.sweep.ladder import fit_power_law, is_finished, member_recipe, run_sweep, write_report
+from scaletrain.sweep.keys import (changed_keys, keyed_recipe, move_aside, record_member, recipe_digest,
                                                refuse_or_move, stale_member)
 from scaletrain.errors import ConfigError
 from scaletrain.recipe import Recipe, apply_overrides

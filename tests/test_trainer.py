@@ -168,7 +168,7 @@ def test_workers_report_to_ray_at_checkpoints_only(tmp_path, tiny_config_kwargs,
     comes at checkpoint steps, the same on every rank, with the newest train record; never at
     each log step. The trainer is real; only Ray's report is caught."""
     ray_train = pytest.importorskip("ray.train")
-    from scaletrain.distributed.worker_callbacks import report_callback
+    from scaletrain.launch.ray.worker_callbacks import report_callback
 
     sent = []
     monkeypatch.setattr(ray_train, "report", lambda metrics, **kw: sent.append((metrics, kw)))

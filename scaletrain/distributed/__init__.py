@@ -1,7 +1,9 @@
-"""Distributed training on Ray: ``RayDistributedTrainer``, the Ray Train launcher, scaling sweeps.
+"""The names ``scaletrain.distributed`` exported before launch, sweeps and EasyDeL compatibility got
+packages of their own; kept so that code importing them from here runs unchanged.
 
-Names are imported lazily: ``import scaletrain.distributed`` neither imports Ray
-(an optional extra, ``pip install scaletrain[ray]``) nor JAX.
+New code imports from their homes: :mod:`scaletrain.launch.ray` (the Ray backend),
+:mod:`scaletrain.sweep` (scaling ladders), :mod:`scaletrain.compat.easydel`
+(``RayDistributedTrainer``). Lazy: importing this package imports neither Ray nor JAX.
 """
 
 from __future__ import annotations
@@ -9,17 +11,17 @@ from __future__ import annotations
 from scaletrain._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "RayDistributedTrainer": "scaletrain.distributed.ray_trainer",
-    "RayDistributedConfig": "scaletrain.distributed.ray_config",
-    "TrainerSetupError": "scaletrain.distributed.ray_config",
-    "LaunchResult": "scaletrain.distributed.launcher",
-    "TrainJob": "scaletrain.distributed.launcher",
-    "RecipeJob": "scaletrain.distributed.launcher",
-    "launch_on_ray": "scaletrain.distributed.launcher",
-    "KillWorkerOnce": "scaletrain.distributed.chaos",
-    "SignalWorkerOnce": "scaletrain.distributed.chaos",
-    "run_sweep": "scaletrain.distributed.sweep",
-    "fit_power_law": "scaletrain.distributed.sweep",
+    "RayDistributedTrainer": "scaletrain.compat.easydel.ray_trainer",
+    "RayDistributedConfig": "scaletrain.compat.easydel.ray_config",
+    "TrainerSetupError": "scaletrain.compat.easydel.ray_config",
+    "TrainJob": "scaletrain.compat.easydel.train_job",
+    "LaunchResult": "scaletrain.launch.ray.launcher",
+    "RecipeJob": "scaletrain.launch.ray.launcher",
+    "launch_on_ray": "scaletrain.launch.ray.launcher",
+    "KillWorkerOnce": "scaletrain.launch.ray.chaos",
+    "SignalWorkerOnce": "scaletrain.launch.ray.chaos",
+    "run_sweep": "scaletrain.sweep.ladder",
+    "fit_power_law": "scaletrain.sweep.ladder",
 }
 
 __all__ = sorted(_EXPORTS)

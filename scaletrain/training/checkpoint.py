@@ -28,8 +28,8 @@ import jax
 
 from scaletrain.errors import CheckpointError
 from scaletrain.folders import exchange
+from scaletrain.training.disk_full import no_room, quiet_no_room_noise
 from scaletrain.training.restore_checks import fit_error, unreadable
-from scaletrain.training.storage import no_room, quiet_no_room_noise
 
 logger = logging.getLogger("scaletrain")
 

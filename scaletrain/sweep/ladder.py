@@ -8,7 +8,7 @@ CPUs, so Ray runs as many at once as the cluster has room for. Each member train
 in ``<training.output_dir>/member-<index>``.
 
 Re-running is cheap and safe: members are keyed by their resolved recipe
-(``sweep_keys``), so a folder trained by another recipe is refused (or moved aside
+(:mod:`scaletrain.sweep.keys`), so a folder trained by another recipe is refused (or moved aside
 with ``rerun_changed``); a member of the same recipe whose ``summary.json`` shows it
 reached its horizon is skipped; an unfinished one resumes from its newest
 checkpoint; a failed one is reported and does not stop the others. The results
@@ -27,9 +27,9 @@ import time
 import warnings
 from typing import Any
 
-from scaletrain.distributed.sweep_keys import keyed_recipe, record_member, refuse_or_move, stale_member
 from scaletrain.errors import ConfigError
 from scaletrain.recipe import Recipe, apply_overrides
+from scaletrain.sweep.keys import keyed_recipe, record_member, refuse_or_move, stale_member
 from scaletrain.training.outputs import read_summary, write_json_atomic
 
 logger = logging.getLogger("scaletrain")
@@ -91,7 +91,7 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Train every member not yet finished, then write ``sweep.json``/``.csv``/``.png``; returns the report.
 
-    A member folder trained by a different resolved recipe (``sweep_keys``) is refused
+    A member folder trained by a different resolved recipe (:mod:`scaletrain.sweep.keys`) is refused
     before anything runs, or with ``rerun_changed`` moved aside and trained again.
     """
     indices = tuple(scaling_indices or recipe.sweep.scaling_indices)
@@ -174,7 +174,7 @@ def _measures(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _run_members(todo: dict[int, Recipe], rows: dict[int, dict[str, Any]], ray_address: str | None,
                  num_cpus: int | None, cpus_per_member: float) -> None:
-    from scaletrain.distributed.launcher import ensure_ray, import_ray, make_worker_env
+    from scaletrain.launch.ray.cluster import ensure_ray, import_ray, make_worker_env
 
     ray = import_ray()
     started_ray = ensure_ray(ray_address, num_cpus)

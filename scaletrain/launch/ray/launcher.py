@@ -8,10 +8,11 @@ What each worker does, and why:
    to everyone, and each worker calls ``jax.distributed.initialize``. Workers run with
    ``XLA_FLAGS`` cleared: one CPU device per process (several local devices per
    process can hang later steps on the gloo collectives).
-2. The job (a picklable :class:`TrainJob` or :class:`RecipeJob`) builds the model on
-   the global mesh and trains; :func:`make_batch_iterator` gives each process its own
-   rows of every global batch; orbax writes checkpoints from all processes into the
-   run's ``output_dir`` (which every worker must reach: a shared or network folder).
+2. The job (any picklable callable: :class:`RecipeJob` for a recipe, the EasyDeL
+   façade's ``TrainJob``) builds the model on the global mesh and trains;
+   :func:`make_batch_iterator` gives each process its own rows of every global batch;
+   orbax writes checkpoints from all processes into the run's ``output_dir`` (which
+   every worker must reach: a shared or network folder).
 3. ``metrics.jsonl`` and ``summary.json`` are written by process 0; the newest train record
    goes to Ray through ``ray.train.report`` at each checkpoint and the summary at the end (a
    report is a barrier, so all ranks call it, at the same steps).
@@ -33,9 +34,9 @@ than taking it; the Trainer it runs then holds it re-entrantly. One lock file, o
 owner: a launch, a single-process run and a sweep member on one folder all exclude each
 other, which a second lock file guarding only launches would not do.
 
-:func:`run_recipe` (``scaletrain train``) chooses between this process and Ray here,
-next to the launcher, so that :mod:`scaletrain.run` (what every worker runs) never
-imports :mod:`scaletrain.distributed`: the two import one way only.
+:func:`run_recipe_on_ray` is the ``ray`` backend of ``scaletrain train``
+(:mod:`scaletrain.launch.backends` chooses it); :mod:`scaletrain.run`, what every worker
+runs, never imports :mod:`scaletrain.launch`: the two import one way only.
 """
 
 from __future__ import annotations
@@ -49,21 +50,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scaletrain.distributed.driver_stop import (
+from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.launch.ray.cluster import ensure_ray, import_ray, make_worker_env
+from scaletrain.launch.ray.driver_stop import (
     DriverSignals,
     RelayDriverStop,
     call_off_main_thread,
     clear_stop_request,
     stop_request_path,
 )
-from scaletrain.distributed.failures import exhausted_error, root_cause, user_error_in
-from scaletrain.distributed.worker_callbacks import (
+from scaletrain.launch.ray.failures import exhausted_error, root_cause, user_error_in
+from scaletrain.launch.ray.worker_callbacks import (
     PLACEMENT_FILE,
     placement_callback,
     report_callback,
     restart_marker_callback,
 )
-from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
 from scaletrain.training.outputs import read_summary
@@ -78,36 +80,7 @@ ATTEMPTS_FILE = "ray_attempts.jsonl"
 RAY_DIR = "ray"  # under output_dir: Ray Train's run state (RunConfig name) and the placement records
 
 
-# ---- jobs: what every worker runs ----------------------------------------------------
-@dataclass
-class TrainJob:
-    """``RayDistributedTrainer.train`` with these arguments, run on every worker."""
-
-    trainer: Any
-    scaling_index: int
-    arguments: Any
-    dataset_train: Any
-    dataset_eval: Any = None
-    data_collator: Callable | None = None
-    callbacks: tuple[Any, ...] = ()
-
-    def __call__(self, callbacks: Sequence[Any]) -> dict[str, Any]:
-        from scaletrain.training.callbacks import Callback
-
-        train = self.dataset_train() if callable(self.dataset_train) else self.dataset_train
-        evals = self.dataset_eval() if callable(self.dataset_eval) else self.dataset_eval
-        arguments = self.arguments.model_copy(update={"resume_if_possible": True})
-        captured: dict[str, Any] = {}
-
-        class Capture(Callback):
-            def post_init(self, trainer: Any) -> None:
-                captured["trainer"] = trainer
-
-        self.trainer.train(self.scaling_index, arguments, train, evals, self.data_collator,
-                           callbacks=[*self.callbacks, *callbacks, Capture()])
-        return dict(captured["trainer"].summary)
-
-
+# ---- the CLI's job, and its launch ---------------------------------------------------------
 @dataclass
 class RecipeJob:
     """``scaletrain.run.run_training(recipe)`` on every worker (the CLI's path)."""
@@ -122,13 +95,9 @@ class RecipeJob:
         return run_training(recipe, callbacks=callbacks)
 
 
-def run_recipe(recipe: Recipe) -> dict[str, Any]:
-    """``scaletrain train``: in this process, or on Ray when ``ray.num_workers`` is set; the summary."""
-    from scaletrain.run import run_training
-
-    if not recipe.ray.num_workers:
-        return run_training(recipe)
-    from scaletrain.distributed.prelaunch import check_recipe_before_launch
+def run_recipe_on_ray(recipe: Recipe) -> dict[str, Any]:
+    """The ``ray`` backend of ``scaletrain train``: ``ray.num_workers`` processes run the recipe; the summary."""
+    from scaletrain.launch.ray.prelaunch import check_recipe_before_launch
 
     check_recipe_before_launch(recipe)  # what needs no worker fails here, once, before Ray starts
     recipe = recipe.model_copy(deep=True)
@@ -220,72 +189,6 @@ class LaunchResult:
     def restarts(self) -> int:
         """How many times the worker group was started again after a failure."""
         return max(0, len(self.attempts) - 1)
-
-
-def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of the Ray workers: set explicitly, never inherited from a test's fake devices."""
-    import scaletrain
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(scaletrain.__file__)))
-    path = os.environ.get("PYTHONPATH", "")
-    env = {
-        "XLA_FLAGS": "",  # no --xla_force_host_platform_device_count: one CPU device per process
-        "JAX_PLATFORMS": "cuda" if use_gpu else ("tpu" if use_tpu else "cpu"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": root + (os.pathsep + path if path else ""),
-    }
-    from scaletrain.host_memory import hugepage_env, hugepages_supported
-
-    if hugepages_supported() and not use_gpu and not use_tpu:  # the scratch buffer is host memory only on CPU
-        env["GLIBC_TUNABLES"] = hugepage_env()["GLIBC_TUNABLES"]  # keeps this process's other tunables
-    env.update(extra or {})
-    return env
-
-
-def import_ray() -> Any:
-    """``ray``, or a ConfigError saying how to install it (it is an optional extra)."""
-    try:
-        import ray
-        import ray.train  # noqa: F401
-    except ImportError:
-        raise ConfigError("Ray is not installed; install the extra: pip install 'scaletrain[ray]'") from None
-    return ray
-
-
-#: runs in every process of the job (:func:`quiet_ray_internals`)
-QUIET_HOOK = "scaletrain.distributed.launcher.quiet_ray_internals"
-
-
-def quiet_ray_internals() -> None:
-    """Silence Ray Train's placement-group watcher, which asks the state API (the dashboard, off in a local
-    instance) about the controller every health check and warns each time it cannot: 51 identical lines
-    in a 20-step run. It keeps watching either way; real failures still reach the driver."""
-    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)
-
-
-def ensure_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to ``address`` (``"auto"``: the running cluster) or start a local instance.
-
-    Returns True when this call started Ray (and the caller must shut it down).
-    """
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    if address is None:  # the local instance inherits this process's environment (PYTHONPATH included)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
-                 runtime_env={"worker_process_setup_hook": QUIET_HOOK})
-    else:  # a running cluster does not: every process of this job (Ray Train's controller too) must import scaletrain
-        env = {"PYTHONPATH": make_worker_env(False, False)["PYTHONPATH"]}
-        try:
-            ray.init(address=address, configure_logging=False,
-                     runtime_env={"env_vars": env, "worker_process_setup_hook": QUIET_HOOK})
-        except (ConnectionError, TimeoutError) as err:
-            reason = next((x.strip() for x in str(err).splitlines() if x.strip()), type(err).__name__)
-            raise ConfigError(
-                f"ray.address={address!r}: no Ray cluster could be reached ({reason}); start one with "
-                "`ray start --head`, or leave ray.address unset to start a local instance"
-            ) from None
-    return True
 
 
 def launch_on_ray(

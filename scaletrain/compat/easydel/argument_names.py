@@ -5,11 +5,17 @@ name whose meaning is ours exactly is renamed on input (:data:`RENAMED`); a swit
 only value here is the one we always run is accepted at that value (:data:`FIXED`);
 everything else is refused with what to set instead (:data:`REFUSED`), never ignored.
 Saving writes our names only. docs/from-easydel.md is the same table for people.
+
+:func:`translate_other_names` applies the table; ``TrainingArguments`` calls it before
+validating, so the core's fields and validators know only our names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import Any
+
+from scaletrain.config_keys import unknown_key_message
 
 # other name -> our field, same meaning and value
 RENAMED: dict[str, str] = {
@@ -129,3 +135,48 @@ HF_SCHEDULERS: dict[str, str] = {"linear": "linear", "cosine": "cosine", "consta
 # EasyDeL's scheduler names (EasyDeLSchedulers) -> ours
 EASYDEL_SCHEDULERS: dict[Any, str] = {None: "constant", "none": "constant", "warm_up_cosine": "cosine",
                                       "warm_up_linear": "linear"}
+
+# keys translated by a rule rather than a table row
+_BY_RULE = ("use_wandb", "lr_scheduler_type", "resume_from_checkpoint")
+
+
+def translate_other_names(data: dict[str, Any], fields: Collection[str], fixed_value: Callable[[Any], Any]
+                          ) -> tuple[dict[str, Any], list[tuple[str, str, Any]], bool | None]:
+    """``data`` with every key outside ``fields`` translated to ours: ``(data, problems, use_wandb)``.
+
+    ``problems`` holds one ``(key, message, value)`` per key that is refused, unknown, at a
+    value other than its :data:`FIXED` one (compared through ``fixed_value``, which names
+    dtypes), or given twice under two names. ``use_wandb`` is EasyDeL's switch (None if
+    absent), left to the caller since it edits ``report_to``, a field of ours.
+    """
+    data, problems, use_wandb = dict(data), [], None
+    for key in [k for k in data if k not in fields]:
+        value = data.pop(key)
+        if key in RENAMED:
+            if RENAMED[key] in data:
+                problems.append((key, f"give {key!r} or {RENAMED[key]!r}, not both (same field)", value))
+            data[RENAMED[key]] = value
+        elif key == "use_wandb":
+            use_wandb = bool(value)
+        elif key == "lr_scheduler_type" and str(getattr(value, "value", value)) in HF_SCHEDULERS:
+            name = HF_SCHEDULERS[str(getattr(value, "value", value))]
+            data.setdefault("scheduler", name)
+            if name != "constant":  # Hugging Face's decay ends at 0
+                data.setdefault("learning_rate_end", 0.0)
+        elif key == "resume_from_checkpoint":
+            if isinstance(value, str):
+                data.setdefault("resume_from", value)
+            elif value:
+                data.setdefault("resume_if_possible", True)
+        elif key in FIXED:
+            allowed, why = FIXED[key]
+            if fixed_value(value) not in allowed:
+                problems.append((key, f"only {' or '.join(map(repr, allowed))} here: {why}", value))
+        elif key in REFUSED:
+            problems.append((key, f"not supported: {REFUSED[key]}", value))
+        elif key == "lr_scheduler_type":
+            problems.append((key, f"use one of {sorted(HF_SCHEDULERS)} (or scheduler)", value))
+        else:
+            known = [*fields, *RENAMED, *_BY_RULE]
+            problems.append((key, unknown_key_message(str(key), known, list_valid=False), value))
+    return data, problems, use_wandb

@@ -4,7 +4,7 @@ Why: a ``RayDistributedConfig`` JSON saved by EasyDeL must load here, and one sa
 here should load in EasyDeL where it can. EasyDeL writes dtypes as ``"bf16"``,
 ``jax.lax.Precision`` as its number, tuples as lists and ``partition_axis`` as a plain
 dict of eformer's fields; it reads that dict back with ``PartitionAxis(**d)``. We
-write our tagged values (:mod:`scaletrain.distributed.codec`: exact types), except
+write our tagged values (:mod:`scaletrain.compat.easydel.codec`: exact types), except
 ``partition_axis``, written as the plain eformer dict both read, and the attention and
 remat enums, written as their string values with their classes noted beside
 (``enum_types``, a field EasyDeL ignores). A file without our ``encoding`` mark is
@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scaletrain.distributed import codec
+from scaletrain.compat.easydel import codec
 from scaletrain.models.options import AttentionMechanisms, EasyDeLGradientCheckPointers
 from scaletrain.parallel.partition import PartitionAxis
 

@@ -13,9 +13,9 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from scaletrain.distributed.ray_config import PLACEMENT_KEYS
-from scaletrain.distributed.storage import fetch
+from scaletrain.compat.easydel.ray_config import PLACEMENT_KEYS
 from scaletrain.models.config import RUNTIME_KEYS
+from scaletrain.remote_storage import fetch
 
 if TYPE_CHECKING:  # pragma: no cover
     from flax import nnx

@@ -3,22 +3,22 @@
 The class keeps EasyDeL's contract (names, defaults, ``train()``'s priority order,
 the JSON config) and fixes what EasyDeL's left undone:
 
-- the config round-trips exactly (tagged JSON, :mod:`scaletrain.distributed.codec`);
+- the config round-trips exactly (tagged JSON, :mod:`scaletrain.compat.easydel.codec`);
 - ``bucket_path`` really loads a checkpoint (ours or a Hugging Face folder), from a
   local folder or an fsspec URL;
 - :meth:`RayDistributedTrainer.launch` really runs on Ray: N JAX processes under Ray
   Train, one mesh over all of them, restarts from the last checkpoint when a worker
-  dies (:mod:`scaletrain.distributed.launcher`).
+  dies (:mod:`scaletrain.launch.ray.launcher`).
 
 This module is the façade: EasyDeL's methods, each a few lines. The defaults, the
-resolution rules and the saved JSON live in :mod:`scaletrain.distributed.ray_config`;
-loading a Hugging Face folder or checkpoint in :mod:`scaletrain.distributed.loading`.
+resolution rules and the saved JSON live in :mod:`scaletrain.compat.easydel.ray_config`;
+loading a Hugging Face folder or checkpoint in :mod:`scaletrain.compat.easydel.loading`.
 
 Example (runs in the test suite; a tiny model from the bundled tokenizer)::
 
     >>> import jax.numpy as jnp
     >>> from scaletrain.data import bundled_tokenizer_path
-    >>> from scaletrain.distributed import RayDistributedTrainer
+    >>> from scaletrain import RayDistributedTrainer
     >>> from scaletrain.models import LlamaForCausalLM
     >>> trainer = RayDistributedTrainer(
     ...     pretrained_model_name_or_path=bundled_tokenizer_path(),
@@ -49,19 +49,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletrain.distributed import ray_config
-from scaletrain.distributed.loading import load_bucket_model, load_hf_model
-from scaletrain.distributed.ray_config import MODULE_KEYS, RayDistributedConfig, require, resolve_model_class
-from scaletrain.distributed.storage import check_storage
+from scaletrain.compat.easydel import ray_config
+from scaletrain.compat.easydel.loading import load_bucket_model, load_hf_model
+from scaletrain.compat.easydel.ray_config import MODULE_KEYS, RayDistributedConfig, require, resolve_model_class
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import get_modules_by_type
 from scaletrain.models.task import TaskType
+from scaletrain.remote_storage import check_storage
 
 if TYPE_CHECKING:  # pragma: no cover
     from flax import nnx
 
     from scaletrain.arguments import TrainingArguments
-    from scaletrain.distributed.launcher import LaunchResult
+    from scaletrain.launch.ray.launcher import LaunchResult
     from scaletrain.training.protocol import TrainerOutput
     from scaletrain.training.state import TrainState
 
@@ -106,7 +106,7 @@ class RayDistributedTrainer:
     ):
         """Resolve the model class from ``model_class`` or ``(model_type, model_task)``.
 
-        Rules (EasyDeL's, :func:`~scaletrain.distributed.ray_config.resolve_model_class`):
+        Rules (EasyDeL's, :func:`~scaletrain.compat.easydel.ray_config.resolve_model_class`):
         give ``model_class``, or both ``model_type`` and ``model_task``; with all three,
         the class wins and type/task are read from it. ``bucket_path`` is a local
         folder or fsspec URL of a checkpoint to start from; its protocol is checked here.
@@ -297,7 +297,7 @@ class RayDistributedTrainer:
 
         Remote URLs are copied into ``cache_dir`` first. Mesh, partition axis, remat and
         attention options come from ``config_variables``; weights and architecture from
-        the checkpoint (:mod:`scaletrain.distributed.loading`).
+        the checkpoint (:mod:`scaletrain.compat.easydel.loading`).
         """
         if self.bucket_path is None:
             raise ConfigError("load_bucket_model needs bucket_path")
@@ -390,13 +390,14 @@ class RayDistributedTrainer:
         num_cpus: int | None = None,
     ) -> LaunchResult:
         """Run :meth:`train` on ``num_workers`` JAX processes under Ray Train; see
-        :func:`scaletrain.distributed.launcher.launch_on_ray` for every argument.
+        :func:`scaletrain.launch.ray.launcher.launch_on_ray` for every argument.
 
         ``dataset_train`` / ``dataset_eval`` are shipped to every worker (each reads
         only its own shard); pass a zero-argument callable instead to load them on
         the workers. Returns a :class:`LaunchResult` (``summary``: the run's ``summary.json``).
         """
-        from scaletrain.distributed.launcher import TrainJob, launch_on_ray
+        from scaletrain.compat.easydel.train_job import TrainJob
+        from scaletrain.launch.ray.launcher import launch_on_ray
 
         # Ray Train runs workers in its own folder: make every path absolute first
         arguments = arguments.model_copy(update={"output_dir": os.path.abspath(arguments.output_dir)})

@@ -1,6 +1,6 @@
 """What describes a ``RayDistributedTrainer``: EasyDeL's defaults, its saved JSON, its resolution rules.
 
-Apart from the façade (:mod:`scaletrain.distributed.ray_trainer`) because this is data
+Apart from the façade (:mod:`scaletrain.compat.easydel.ray_trainer`) because this is data
 and the rules over it, with no model, trainer or Ray behind it: the defaults the
 class exposes as ``CONFIG_SCALING_VARIABLES`` / ``CONFIG_VARIABLES``, which
 variables go to the module rather than the config, how the model class is resolved
@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 from pydantic import BaseModel
 
-from scaletrain.distributed import easydel_format
-from scaletrain.distributed.storage import read_text, write_text
+from scaletrain.compat.easydel import config_format
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import get_modules_by_type, model_class_identity
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
+from scaletrain.remote_storage import read_text, write_text
 
 logger = logging.getLogger("scaletrain")
 
@@ -126,7 +126,7 @@ class RayDistributedConfig(BaseModel):
     ``enum_types``; ``_loading_postprocess`` turns them back, so
     ``from_config(save_config(t))`` has configs equal to ``t``'s, types included. A file
     EasyDeL saved (no ``encoding``) loads by EasyDeL's rules
-    (:mod:`scaletrain.distributed.easydel_format`). ``bucket_path``, ``encoding`` and
+    (:mod:`scaletrain.compat.easydel.config_format`). ``bucket_path``, ``encoding`` and
     ``enum_types`` are additions to EasyDeL's fields (EasyDeL ignores them).
     """
 
@@ -143,8 +143,8 @@ class RayDistributedConfig(BaseModel):
     def _saving_preprocess(self) -> None:
         """Encode the variables for JSON (in place; call once before dumping)."""
         if self.config_variables is not None:
-            self.config_variables, self.enum_types = easydel_format.encode_variables(self.config_variables)
-            self.encoding = easydel_format.ENCODING
+            self.config_variables, self.enum_types = config_format.encode_variables(self.config_variables)
+            self.encoding = config_format.ENCODING
         if self.config_scaling_variables is not None:
             for key, value in self.config_scaling_variables.items():
                 if not isinstance(value, int) or isinstance(value, bool):
@@ -153,7 +153,7 @@ class RayDistributedConfig(BaseModel):
     def _loading_postprocess(self) -> None:
         """Decode what ``_saving_preprocess`` encoded (in place; call once after loading)."""
         if self.config_variables is not None:
-            self.config_variables = easydel_format.decode_variables(self.config_variables, self.enum_types,
+            self.config_variables = config_format.decode_variables(self.config_variables, self.enum_types,
                                                                     self.encoding)
 
     @classmethod

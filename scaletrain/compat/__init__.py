@@ -1,0 +1,1 @@
+"""Compatibility with other tools' APIs, one package per tool; the core speaks only its own names."""
