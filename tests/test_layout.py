@@ -2,8 +2,8 @@
 
 Imports are read from the source (``ast``), including those inside functions and
 under ``TYPE_CHECKING``: a lazy import hides a circle from Python, not from a reader.
-Layers, from the top: ``cli → run / distributed → training → data, models → parallel →
-base``; a module may import its own layer or any layer below it, never one above.
+Layers, from the top: ``cli → run / distributed → training → objectives → data, models →
+parallel → base``; a module may import its own layer or any layer below it, never one above.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ MAX_LINES = 450
 
 # the first matching prefix decides a module's layer
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (5, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
-    (4, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot", "scaletrain.distributed")),
-    (3, ("scaletrain.training",)),
+    (6, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
+    (5, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot", "scaletrain.distributed")),
+    (4, ("scaletrain.training",)),
+    (3, ("scaletrain.objectives",)),
     (2, ("scaletrain.data", "scaletrain.models", "scaletrain.generation", "scaletrain.arguments")),
     (1, ("scaletrain.parallel",)),
     (0, ("scaletrain.errors", "scaletrain.logs", "scaletrain._lazy", "scaletrain.compile_cache",

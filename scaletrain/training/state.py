@@ -24,6 +24,22 @@ from scaletrain.parallel.host import BLOCK_BYTES, host_blocks
 
 
 @struct.dataclass
+class FrozenModel:
+    """A model an objective reads but never trains (a reference model): its graph and its arrays.
+
+    Kept apart from ``TrainState.params`` so that it is never differentiated, never given
+    optimizer moments and never checkpointed (it is rebuilt from where it came from).
+    """
+
+    params: Any
+    graphdef: Any = struct.field(pytree_node=False)
+
+    @property
+    def model(self) -> nnx.Module:
+        return nnx.merge(self.graphdef, self.params)
+
+
+@struct.dataclass
 class TrainState:
     """Everything the pure train step reads and writes."""
 
@@ -34,6 +50,9 @@ class TrainState:
     graphdef: Any = struct.field(pytree_node=False)
     # LoRA: the frozen base (never differentiated, optimised or checkpointed); None otherwise
     frozen: Any = None
+    # models an objective reads (``Objective.frozen_models``), by name: never differentiated, optimised
+    # or checkpointed, like ``frozen``; passed through the step unchanged
+    frozen_models: dict[str, FrozenModel] = struct.field(default_factory=dict)
 
     @property
     def model(self) -> nnx.Module:
