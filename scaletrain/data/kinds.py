@@ -18,8 +18,11 @@ from scaletrain.data.records import BadRows, iter_conversations, iter_texts
 from scaletrain.errors import DataError
 
 if TYPE_CHECKING:
-    from scaletrain.data.config import DataSection
     from scaletrain.data.splits import LMSplits
+
+#: the recipe's data section (:class:`scaletrain.data.config.DataSection`, which validates ``kind``
+#: against this registry, so it is not imported here)
+DataSection = Any
 
 #: ``rows(source, split)``: the kind's column of a source's rows, streamed
 Rows = Callable[[str, str], Iterator[Any]]
