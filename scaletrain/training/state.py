@@ -95,7 +95,8 @@ def adopt_state(given: TrainState, built: TrainState) -> TrainState:
     a matching optimizer state, from ``given``, placed like ``built``'s), extra pytree
     fields from ``given``, placed replicated on the mesh unless already on it (the
     jitted step needs a sharding for every leaf). Extra fields go through the step
-    unchanged; a step or callback of the user's may replace them.
+    unchanged; a step or callback of the user's may replace them. ``frozen_models`` (the
+    models an objective reads) is kept from ``given`` the same way.
     """
     mesh = jax.tree.leaves(built.params)[0].sharding.mesh
     replicated = NamedSharding(mesh, PartitionSpec())
