@@ -166,3 +166,32 @@ def test_the_trainer_trains_and_evaluates_through_the_objective(tmp_path, tiny_c
     train_records = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r.get("split") == "train"]
     assert [r["step"] for r in train_records] == [2, 4]
     assert all("gap/mean" in r and "accuracy" not in r for r in train_records)
+
+
+class _AuxContractLlama(LlamaForCausalLM):
+    """A Llama with the forward contract every causal LM is moving to: ``hidden_states_and_aux`` and ``aux_shapes``."""
+
+    calls = 0
+
+    def hidden_states_and_aux(self, input_ids, positions=None, segment_ids=None, attention_mask=None):
+        type(self).calls += 1
+        return self.hidden_states(input_ids, positions, segment_ids), {}
+
+    def aux_shapes(self):
+        return {}
+
+
+def test_the_lm_objective_reads_the_aux_contract_where_the_model_has_it(tiny_config_kwargs):
+    """objectives/model_outputs.py calls ``hidden_states_and_aux`` when present (the fallback to today's
+    methods goes once every model has it), and the sums are the same as through ``hidden_states``."""
+    config = LlamaConfig(**{**tiny_config_kwargs, "num_hidden_layers": 1})
+    batch = _batch()
+    with_aux = _AuxContractLlama(config, rngs=nnx.Rngs(0))
+    plain = nnx.merge(nnx.split(LlamaForCausalLM(config, rngs=nnx.Rngs(1)))[0], nnx.split(with_aux)[1])
+    objective = LanguageModelObjective()
+    sums = nnx.jit(lambda model: objective.loss_and_sums(model, batch, {}))
+    _AuxContractLlama.calls = 0
+    got = sums(with_aux)
+    assert _AuxContractLlama.calls == 1
+    jax.tree.map(np.testing.assert_array_equal, got, sums(plain))
+    assert set(objective.zero_sums(with_aux)) == {"loss", "z_loss", "correct", "tokens"}
