@@ -125,6 +125,10 @@ class BaseTrainer(BaseTrainerProtocol):
         built = self.configure_model()
         self._model, self._model_state = built.model, built.state
         self._optimizer, self._scheduler = built.optimizer, built.scheduler
+        if self.objective is None:  # before configure_functions, which a subclass may replace; eval reads it too
+            chunk = resolve_chunk_size(self.arguments.loss_chunk_size, self._model.config.vocab_size,
+                                       self.arguments.max_length)
+            self.objective = LanguageModelObjective(z_loss=self.arguments.z_loss, chunk_size=chunk)
         funcs = self.configure_functions()
         self.sharded_training_step_function = funcs.sharded_training_step_function
         self.sharded_evaluation_step_function = funcs.sharded_evaluation_step_function
@@ -284,9 +288,6 @@ class BaseTrainer(BaseTrainerProtocol):
         """Jit the train and eval steps with the state's shardings; the state is donated."""
         args = self.arguments
         self.batch_sharding = batch_sharding(args, self._mesh)
-        if self.objective is None:
-            chunk = resolve_chunk_size(args.loss_chunk_size, self._model.config.vocab_size, args.max_length)
-            self.objective = LanguageModelObjective(z_loss=args.z_loss, chunk_size=chunk)
         train, evaluate = make_step_functions(
             self._optimizer, state_shardings(self._model_state), self.batch_sharding,
             NamedSharding(self._mesh, PartitionSpec()), self.objective, args.gradient_accumulation_steps,
