@@ -53,7 +53,8 @@ def measure(mode: str, ns: argparse.Namespace, layout: str = "unrolled") -> dict
     import scaletrain as st
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
     from scaletrain.models.lora import LoRAConfig, apply_lora
-    from scaletrain.training.loss import resolve_chunk_size
+    from scaletrain.objectives import LanguageModelObjective
+    from scaletrain.objectives.loss import resolve_chunk_size
     from scaletrain.training.optim import make_optimizer, make_schedule
     from scaletrain.training.state import create_train_state, state_shardings
     from scaletrain.training.steps import make_step_functions
@@ -71,8 +72,8 @@ def measure(mode: str, ns: argparse.Namespace, layout: str = "unrolled") -> dict
     state = create_train_state(model, tx, mesh)
     del model
     bs = NamedSharding(mesh, PartitionSpec(*args.step_partition_spec))
-    train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), 1, 0.0,
-                                   loss_chunk_size=resolve_chunk_size("auto", cfg.vocab_size, ns.seq))
+    objective = LanguageModelObjective(chunk_size=resolve_chunk_size("auto", cfg.vocab_size, ns.seq))
+    train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), objective)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (ns.batch, ns.seq), dtype=np.int32)
     data = jax.device_put({"input_ids": ids}, bs)
     t0 = time.perf_counter()

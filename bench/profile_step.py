@@ -93,6 +93,7 @@ def build_steps(dtype: str, batch: int, seq: int) -> dict[str, Callable[[], Any]
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
     from scaletrain.training.optim import make_optimizer, make_schedule
     from scaletrain.training.state import create_train_state, state_shardings
+    from scaletrain.objectives import LanguageModelObjective
     from scaletrain.training.steps import make_step_functions
 
     bc = BenchConfig(seq_len=seq, batch_size=batch, dtype=dtype)
@@ -106,7 +107,7 @@ def build_steps(dtype: str, batch: int, seq: int) -> dict[str, Callable[[], Any]
     holder: dict[str, Any] = {"state": create_train_state(model, tx, mesh)}
     bs = NamedSharding(mesh, PartitionSpec(("dp", "fsdp"), "sp"))
     train, _ = make_step_functions(tx, state_shardings(holder["state"]), bs, NamedSharding(mesh, PartitionSpec()),
-                                   1, 0.0)
+                                   LanguageModelObjective())
     sbatch = jax.device_put({"input_ids": ids, "segment_ids": np.ones_like(ids),
                              "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), ids.shape).copy()}, bs)
 

@@ -41,14 +41,15 @@ def jit_train_step(cfg: Any, tx: Any, state: Any, mesh: Any, args: Any, seq: int
     as ``Trainer.configure_functions`` builds them."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from scaletrain.training.loss import resolve_chunk_size
+    from scaletrain.objectives import LanguageModelObjective
+    from scaletrain.objectives.loss import resolve_chunk_size
     from scaletrain.training.state import state_shardings
     from scaletrain.training.steps import make_step_functions
 
     bs = NamedSharding(mesh, PartitionSpec(*args.step_partition_spec))
     chunk = resolve_chunk_size("auto", cfg.vocab_size, seq)
-    train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), 1, 0.0,
-                                   loss_chunk_size=chunk)
+    train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()),
+                                   LanguageModelObjective(chunk_size=chunk))
     return train, bs, chunk
 
 

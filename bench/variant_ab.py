@@ -35,7 +35,7 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     import scaletrain.models.flash_attention as flash_attention
     import scaletrain.models.flash_sharding as flash_sharding
     import scaletrain.models.llama as llama
-    import scaletrain.training.loss as loss
+    import scaletrain.objectives.loss as loss
     import scaletrain.training.steps as steps
     from common import BenchConfig
     from stepfn import scaletrain_step

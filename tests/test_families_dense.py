@@ -93,8 +93,8 @@ def test_round_trip_through_save_pretrained(case, tmp_path) -> None:
 def test_chunked_softcapped_loss_over_gemma_vocabulary() -> None:
     """Gemma 3's 262144-token vocabulary with a tiny hidden size and soft-capped logits: the chunked
     head + loss (value and its gradients for hidden states and head) equals whole logits + autodiff."""
-    from scaletrain.training.fused_loss import fused_head_loss
-    from scaletrain.training.loss import cross_entropy_sums
+    from scaletrain.objectives.fused_loss import fused_head_loss
+    from scaletrain.objectives.loss import cross_entropy_sums
 
     rng = np.random.default_rng(0)
     vocab, cap = 262144, 3.0

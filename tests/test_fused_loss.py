@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaletrain.training.fused_loss import fused_head_loss
-from scaletrain.training.loss import cross_entropy_sums
+from scaletrain.objectives.fused_loss import fused_head_loss
+from scaletrain.objectives.loss import cross_entropy_sums
 
 B, T, H, V = 2, 11, 8, 40
 

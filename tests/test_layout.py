@@ -2,7 +2,7 @@
 
 Imports are read from the source (``ast``), including those inside functions and
 under ``TYPE_CHECKING``: a lazy import hides a circle from Python, not from a reader.
-Layers, from the top: ``cli → compat, sweep → launch → run → training → data, models →
+Layers, from the top: ``cli → compat, sweep → launch → run → training → objectives → data, models →
 parallel → base``; a module may import its own layer or any layer below it, never one above.
 """
 
@@ -18,11 +18,12 @@ MAX_LINES = 450
 
 # the longest matching prefix decides a module's layer (a pure-data module may sit below its package)
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (7, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
-    (6, ("scaletrain.compat", "scaletrain.sweep", "scaletrain.distributed")),
-    (5, ("scaletrain.launch",)),
-    (4, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot")),
-    (3, ("scaletrain.training",)),
+    (8, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
+    (7, ("scaletrain.compat", "scaletrain.sweep", "scaletrain.distributed")),
+    (6, ("scaletrain.launch",)),
+    (5, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot")),
+    (4, ("scaletrain.training",)),
+    (3, ("scaletrain.objectives",)),
     (2, ("scaletrain.data", "scaletrain.models", "scaletrain.generation", "scaletrain.arguments")),
     (1, ("scaletrain.parallel",)),
     (0, ("scaletrain.errors", "scaletrain.logs", "scaletrain._lazy", "scaletrain.compile_cache",

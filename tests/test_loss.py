@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletrain.training.loss import cross_entropy_sums, resolve_chunk_size, target_mask
+from scaletrain.objectives.loss import cross_entropy_sums, resolve_chunk_size, target_mask
 
 
 def test_target_mask_respects_segments_and_loss_mask():

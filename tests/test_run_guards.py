@@ -171,8 +171,8 @@ def test_max_length_above_max_position_embeddings_is_refused(tmp_path, tiny_mode
 
 # ---- item 8: accuracy ---------------------------------------------------------------------
 def test_tied_logits_are_not_correct_predictions():
-    from scaletrain.training.fused_loss import fused_head_loss
-    from scaletrain.training.loss import token_sums
+    from scaletrain.objectives.fused_loss import fused_head_loss
+    from scaletrain.objectives.loss import token_sums
 
     targets = jnp.array([0, 3, 5, 7])
     ones = jnp.ones(4)

@@ -12,6 +12,7 @@ from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_mode
 from scaletrain.parallel import PartitionAxis, create_mesh, logical_to_spec, resolve_axis_dims
 from scaletrain.training.optim import make_optimizer, make_schedule
 from scaletrain.training.state import create_train_state, state_shardings
+from scaletrain.objectives import LanguageModelObjective
 from scaletrain.training.steps import make_step_functions
 
 
@@ -45,8 +46,8 @@ def _setup(kw, dims, devices=None, grad_accum=1, loss_chunk_size=None, **optim):
     state = create_train_state(model, tx, mesh)
     batch_sharding = NamedSharding(mesh, PartitionSpec(("dp", "fsdp"), "sp"))
     train, _ = make_step_functions(tx, state_shardings(state), batch_sharding,
-                                   NamedSharding(mesh, PartitionSpec()), grad_accum, 0.0,
-                                   loss_chunk_size=loss_chunk_size)
+                                   NamedSharding(mesh, PartitionSpec()),
+                                   LanguageModelObjective(chunk_size=loss_chunk_size), grad_accum)
     return train, state, batch_sharding, mesh
 
 

@@ -10,10 +10,10 @@ the batch iterator gives each its share.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-from scaletrain.data.records import BadRows, iter_conversations, iter_texts
+from scaletrain.data.kinds import data_kind, load_chat_template
+from scaletrain.data.records import BadRows
 from scaletrain.data.sources import iter_source, source_format
 from scaletrain.data.splits import LMSplits
 from scaletrain.errors import DataError
@@ -21,16 +21,7 @@ from scaletrain.errors import DataError
 if TYPE_CHECKING:
     from scaletrain.data.config import DataSection
 
-
-def load_chat_template(value: str) -> str:
-    """``data.chat_template``: the template text itself, or the path of a file holding it."""
-    path = os.path.expanduser(value)
-    if "{" not in value and os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    if "{" not in value:
-        raise DataError(f"data.chat_template: {value!r} is neither a Jinja template nor an existing file")
-    return value
+__all__ = ["build_datasets", "load_chat_template"]
 
 
 def build_datasets(
@@ -41,49 +32,28 @@ def build_datasets(
     seed: int = 0,
     truncation_mode: str = "keep_end",
 ) -> LMSplits:
-    """Read ``data.source`` (and ``data.eval_source``), tokenize, split and pack.
+    """Read ``data.source`` (and ``data.eval_source``), tokenize, split and pack, as ``data.kind`` says.
 
     ``kind: pretrain`` reads ``text_column`` (or whole text files / lines) and packs
     documents with eos; ``kind: chat`` reads ``messages_column`` and packs one
-    conversation per segment with a loss mask over the assistant turns. Stats
-    (including ``bad_rows_skipped``) are in the result's ``stats``.
+    conversation per segment with a loss mask over the assistant turns
+    (:mod:`scaletrain.data.kinds` holds the kinds). Stats (including
+    ``bad_rows_skipped``) are in the result's ``stats``.
     """
-    column = data.text_column if data.kind == "pretrain" else data.messages_column
+    kind = data_kind(data.kind)
+    column = kind.column(data)
     bad = BadRows(skip=data.skip_bad_rows)
     fmt = source_format(data.source, data.format)
-    if data.kind == "chat" and fmt == "text":
+    if not kind.text_files and fmt == "text":
         raise DataError(
-            f"data.kind is chat but {data.source!r} is read as plain text; chat data needs a "
-            f"{data.messages_column!r} column in JSONL, Parquet, CSV or a Hugging Face dataset"
+            f"data.kind is {kind.name} but {data.source!r} is read as plain text; {kind.name} data needs a "
+            f"{column!r} column in JSONL, Parquet, CSV or a Hugging Face dataset"
         )
 
     def rows(source: str, split: str) -> Any:
         return iter_source(source, column, format=data.format, per_line=data.per_line, split=split)
 
-    eval_rows = rows(data.eval_source, data.eval_split) if data.eval_source else None
-    name = f"data.source {data.source!r}"
-    if data.kind == "pretrain":
-        from scaletrain.data.splits import build_lm_splits
-
-        splits = build_lm_splits(
-            iter_texts(rows(data.source, data.split), bad, data.max_documents),
-            tokenizer, max_length, eval_fraction=data.eval_fraction, seed=seed,
-            eval_texts=None if eval_rows is None else iter_texts(eval_rows, bad),
-            name=name, num_workers=data.num_workers,
-        )
-    else:
-        from scaletrain.data.chat import build_chat_splits
-
-        template = load_chat_template(data.chat_template) if data.chat_template else None
-        if template is not None:
-            tokenizer.chat_template = template  # so a saved checkpoint carries the template it was trained with
-        splits = build_chat_splits(
-            iter_conversations(rows(data.source, data.split), bad, data.max_documents),
-            tokenizer, max_length, eval_fraction=data.eval_fraction, seed=seed,
-            eval_conversations=None if eval_rows is None else iter_conversations(eval_rows, bad),
-            assistant_only_loss=data.assistant_only_loss, truncation_mode=truncation_mode,  # type: ignore[arg-type]
-            allow_split=data.allow_split, name=name, num_workers=data.num_workers,
-        )
+    splits = kind.build(data, rows, tokenizer, bad, max_length=max_length, seed=seed, truncation_mode=truncation_mode)
     bad.report()
     splits.stats["bad_rows_skipped"] = bad.count
     return splits

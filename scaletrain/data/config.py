@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from scaletrain.data.kinds import unknown_kind_message
 
 
 class DataSection(BaseModel):
@@ -22,8 +24,8 @@ class DataSection(BaseModel):
     source: str = "bundled:shakespeare"
     format: Literal["auto", "text", "jsonl", "parquet", "csv", "hf_disk"] = "auto"
     split: str = "train"  # the split of a DatasetDict folder
-    # what: plain text to pre-train on, or conversations for chat SFT
-    kind: Literal["pretrain", "chat"] = "pretrain"
+    # what: a registered data kind (scaletrain.data.kinds): plain text to pre-train on, or conversations for chat SFT
+    kind: str = "pretrain"
     text_column: str = "text"
     messages_column: str = "messages"
     per_line: bool = False  # text files: one document per non-blank line instead of per file
@@ -39,3 +41,11 @@ class DataSection(BaseModel):
     # bad rows and speed
     skip_bad_rows: bool = False
     num_workers: int = Field(0, ge=0)  # tokenizer worker processes (0: in the main process)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        message = unknown_kind_message(value)
+        if message is not None:
+            raise ValueError(message)
+        return value

@@ -25,6 +25,8 @@ from scaletrain.compile_cache import enable_compilation_cache
 from scaletrain.data.loader import as_source_or_rows, make_batch_iterator, steps_per_epoch
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.models.factory import place_model
+from scaletrain.objectives import LanguageModelObjective, Objective
+from scaletrain.objectives.loss import resolve_chunk_size
 from scaletrain.parallel.partition import batch_problems
 from scaletrain.training.callbacks import (
     Callback,
@@ -37,7 +39,6 @@ from scaletrain.training.callbacks import (
 )
 from scaletrain.training.checkpoint import Checkpointer, resume_source
 from scaletrain.training.loggers import RunWriters
-from scaletrain.training.loss import resolve_chunk_size
 from scaletrain.training.metrics import peak_flops_per_device, throughput
 from scaletrain.training.optim import make_optimizer, make_schedule
 from scaletrain.training.protocol import (
@@ -70,6 +71,7 @@ class BaseTrainer(BaseTrainerProtocol):
         callbacks: Sequence[Callback] = (),
         eval_bytes_per_token: float | None = None,
         tokenizer: Any = None,
+        objective: Objective | None = None,  # what the steps optimise; None: the language-model loss of arguments
     ):
         if not isinstance(arguments, TrainingArguments):
             raise ConfigError(f"arguments must be TrainingArguments, got {type(arguments).__name__}")
@@ -86,6 +88,7 @@ class BaseTrainer(BaseTrainerProtocol):
         self.tokenizer = tokenizer
         self._given_model = model
         self._given_state = model_state
+        self.objective = objective
         self.metrics_logger = MetricsLogger()
         self.nan_guard = NanGuard()
         # order matters: stop rules first, then logging, evaluation, and saving last
@@ -122,6 +125,10 @@ class BaseTrainer(BaseTrainerProtocol):
         built = self.configure_model()
         self._model, self._model_state = built.model, built.state
         self._optimizer, self._scheduler = built.optimizer, built.scheduler
+        if self.objective is None:  # before configure_functions, which a subclass may replace; eval reads it too
+            chunk = resolve_chunk_size(self.arguments.loss_chunk_size, self._model.config.vocab_size,
+                                       self.arguments.max_length)
+            self.objective = LanguageModelObjective(z_loss=self.arguments.z_loss, chunk_size=chunk)
         funcs = self.configure_functions()
         self.sharded_training_step_function = funcs.sharded_training_step_function
         self.sharded_evaluation_step_function = funcs.sharded_evaluation_step_function
@@ -282,15 +289,9 @@ class BaseTrainer(BaseTrainerProtocol):
         args = self.arguments
         self.batch_sharding = batch_sharding(args, self._mesh)
         train, evaluate = make_step_functions(
-            self._optimizer,
-            state_shardings(self._model_state),
-            self.batch_sharding,
-            NamedSharding(self._mesh, PartitionSpec()),
-            args.gradient_accumulation_steps,
-            args.z_loss,
-            log_grad_norms=args.log_grad_norms,
-            log_weight_stats=args.log_weight_stats,
-            loss_chunk_size=resolve_chunk_size(args.loss_chunk_size, self._model.config.vocab_size, args.max_length),
+            self._optimizer, state_shardings(self._model_state), self.batch_sharding,
+            NamedSharding(self._mesh, PartitionSpec()), self.objective, args.gradient_accumulation_steps,
+            log_grad_norms=args.log_grad_norms, log_weight_stats=args.log_weight_stats,
         )
         # measured once here, outside any mesh context (the CPU fallback runs a matmul)
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)

@@ -102,22 +102,18 @@ class MetricsLogger(Callback):
         self._last_time, self._last_step = now, step
         if not first_interval:  # the first interval includes compilation
             self.throughputs.append(perf)
-        record = {
-            "step": step,
-            "split": "train",
-            "epoch": trainer.epoch,
-            "loss": values["loss"],
-            "accuracy": values["accuracy"],
-            "perplexity": math.exp(min(values["loss"], 50.0)),
-            "learning_rate": trainer.learning_rate_at(step - 1),
-            "grad_norm": values["grad_norm"],
-            "target_tokens": values["tokens"],
-            **perf,
-            "elapsed_s": time.perf_counter() - trainer.start_time,
-        }
-        if trainer.arguments.z_loss:
+        # every objective reports loss (and the step grad_norm); a token-level one accuracy and target tokens;
+        # any objective's own figures are namespaced ("moe/...", "grad_norm/...", "rewards/...")
+        record: dict[str, Any] = {"step": step, "split": "train", "epoch": trainer.epoch, "loss": values["loss"]}
+        if "accuracy" in values:
+            record.update(accuracy=values["accuracy"], perplexity=math.exp(min(values["loss"], 50.0)))
+        record.update(learning_rate=trainer.learning_rate_at(step - 1), grad_norm=values["grad_norm"])
+        if "tokens" in values:
+            record["target_tokens"] = values["tokens"]
+        record.update(**perf, elapsed_s=time.perf_counter() - trainer.start_time)
+        if trainer.arguments.z_loss and "z_loss" in values:
             record["z_loss"] = values["z_loss"]
-        record.update({k: v for k, v in values.items() if k.startswith(("grad_norm/", "weight_norm/", "moe/"))})
+        record.update({k: v for k, v in values.items() if "/" in k})
         record.update(memory_stats())
         self.last_train = record
         trainer.write_metrics(record)

@@ -24,6 +24,22 @@ from scaletrain.parallel.host import BLOCK_BYTES, host_blocks
 
 
 @struct.dataclass
+class FrozenModel:
+    """A model an objective reads but never trains (a reference model): its graph and its arrays.
+
+    Kept apart from ``TrainState.params`` so that it is never differentiated, never given
+    optimizer moments and never checkpointed (it is rebuilt from where it came from).
+    """
+
+    params: Any
+    graphdef: Any = struct.field(pytree_node=False)
+
+    @property
+    def model(self) -> nnx.Module:
+        return nnx.merge(self.graphdef, self.params)
+
+
+@struct.dataclass
 class TrainState:
     """Everything the pure train step reads and writes."""
 
@@ -34,6 +50,9 @@ class TrainState:
     graphdef: Any = struct.field(pytree_node=False)
     # LoRA: the frozen base (never differentiated, optimised or checkpointed); None otherwise
     frozen: Any = None
+    # models an objective reads (``Objective.frozen_models``), by name: never differentiated, optimised
+    # or checkpointed, like ``frozen``; passed through the step unchanged
+    frozen_models: dict[str, FrozenModel] = struct.field(default_factory=dict)
 
     @property
     def model(self) -> nnx.Module:
@@ -76,7 +95,8 @@ def adopt_state(given: TrainState, built: TrainState) -> TrainState:
     a matching optimizer state, from ``given``, placed like ``built``'s), extra pytree
     fields from ``given``, placed replicated on the mesh unless already on it (the
     jitted step needs a sharding for every leaf). Extra fields go through the step
-    unchanged; a step or callback of the user's may replace them.
+    unchanged; a step or callback of the user's may replace them. ``frozen_models`` (the
+    models an objective reads) is kept from ``given`` the same way.
     """
     mesh = jax.tree.leaves(built.params)[0].sharding.mesh
     replicated = NamedSharding(mesh, PartitionSpec())

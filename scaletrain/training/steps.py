@@ -1,9 +1,11 @@
-"""Pure train and eval steps.
+"""Pure train and eval steps, generic over the objective they optimise.
 
-``train_step(state, batch) -> (state, metrics)`` computes gradients over
-``gradient_accumulation_steps`` micro-batches inside one jitted call
-(``lax.scan``), normalises by the number of target tokens of the whole batch, and
-applies the optimizer. Nothing here touches the host.
+``train_step(state, batch, objective=...) -> (state, metrics)`` computes gradients over
+``gradient_accumulation_steps`` micro-batches inside one jitted call (``lax.scan``),
+normalises by the objective's normaliser summed over the whole batch (target tokens for
+the language-model objective), and applies the optimizer. What is computed per
+micro-batch, and how its sums become metrics, is the objective's
+(:class:`~scaletrain.objectives.Objective`). Nothing here touches the host.
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ from jax import lax
 
 from scaletrain.key_paths import key_names
 from scaletrain.models.stacked_layers import stacked_axes
+from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen
 from scaletrain.parallel.partition import active_platform
-from scaletrain.training.fused_loss import fused_head_loss
-from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask
-from scaletrain.training.router_losses import hidden_and_router_stats, router_metrics, router_objective, router_sums
 from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -37,28 +37,25 @@ Batch = dict[str, jax.Array]
 GUARD = "auto"
 
 
-def _forward(graphdef: Any, params: Any, batch: Batch, loss_chunk_size: int | None = None,
-             z_loss: float = 0.0, frozen: Any = None) -> tuple[jax.Array, tuple[LossSums, dict[str, jax.Array]]]:
-    """``(objective, (sums, router))``: the summed loss to differentiate (``loss + z_loss * z_loss``, plus a
-    mixture of experts' router losses) and the metrics' sums (``router``: :func:`router_sums`, ``{}`` if dense).
+def _model(state: TrainState, params: Any) -> nnx.Module:
+    """The module of ``params`` (and, for LoRA, the frozen base merged in but not differentiated)."""
+    return nnx.merge(state.graphdef, params, *(() if state.frozen is None else (state.frozen,)))
 
-    With ``loss_chunk_size`` the head and the loss run chunk by chunk with their
-    gradient computed in the forward pass (:func:`fused_head_loss`: no whole logits).
-    ``frozen``: a LoRA model's base, merged in but not differentiated (``TrainState.frozen``).
-    """
-    model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
-    mask = target_mask(batch["input_ids"], batch.get("segment_ids"), batch.get("loss_mask"))
-    hidden, stats = hidden_and_router_stats(model, batch)
-    if loss_chunk_size:
-        kernel, transposed = model.lm_head_weight()
-        pa = model.config.partition_axis
-        objective, sums = fused_head_loss(hidden, kernel, batch["input_ids"], mask, model.dtype, loss_chunk_size,
-                                          z_loss, model.precision, transposed, pa.batch_axis, pa.sequence_axis,
-                                          model.logit_softcap())
-    else:
-        sums = cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
-        objective = sums.loss + z_loss * sums.z_loss
-    return objective + router_objective(model, stats, sums.tokens), (sums, router_sums(stats, sums.tokens))
+
+def _frozen(state: TrainState, objective: Objective) -> dict[str, Any]:
+    """The frozen models ``objective`` reads, as modules (merged from ``TrainState.frozen_models``)."""
+    return {name: frozen.model for name, frozen in select_frozen(objective, state.frozen_models).items()}
+
+
+def objective_fn(state: TrainState, objective: Objective) -> Callable[[Any, Batch], tuple[jax.Array, Sums]]:
+    """``f(params, micro_batch) -> (summed loss, sums)``: what the step differentiates with respect to ``params``
+    only (the LoRA base and the frozen models are read from ``state``, outside the differentiated argument)."""
+    frozen = _frozen(state, objective)
+
+    def f(params: Any, micro: Batch) -> tuple[jax.Array, Sums]:
+        return objective.loss_and_sums(_model(state, params), micro, frozen)
+
+    return f
 
 
 def split_microbatches(batch: Batch, num: int) -> Batch:
@@ -98,64 +95,47 @@ def _sum_tree(a: Any, b: Any) -> Any:
     return jax.tree.map(jnp.add, a, b)
 
 
-def _zero_sums(graphdef: Any, params: Any, frozen: Any = None) -> tuple[LossSums, dict[str, jax.Array]]:
-    """Float32 zeros shaped like :func:`_forward`'s metric sums, to start the accumulation.
-
-    Shaped from what is known without tracing the forward (which ``jax.eval_shape`` of it
-    would do once more per compile): the loss sums are scalars, and a mixture of experts'
-    router sums follow from its router statistics' shapes (``router_stats_shape``).
-    """
-    model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
-    stats_shape = getattr(model, "router_stats_shape", None)
-    tokens = jax.ShapeDtypeStruct((), jnp.float32)
-    router = {} if stats_shape is None else jax.eval_shape(router_sums, stats_shape(), tokens)
-    shapes = (LossSums(*(tokens for _ in LossSums._fields)), router)
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
-
-
 def train_step(
     state: TrainState,
     batch: Batch,
     *,
     tx: optax.GradientTransformation,
+    objective: Objective,
     gradient_accumulation_steps: int = 1,
-    z_loss: float = 0.0,
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
-    loss_chunk_size: int | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update from ``batch`` (the whole global batch).
+    """One optimizer update of ``objective`` from ``batch`` (the whole global batch).
 
-    With ``guard_nonfinite`` an update whose loss or gradient norm is not finite is
-    not applied (parameters and optimizer state stay as they were, the step counter
-    still advances) and ``metrics["nonfinite"]`` is 1, so a bad batch never corrupts
-    the state that later checkpoints save.
+    Gradients and sums are added over the micro-batches, then divided once by the summed
+    normaliser (``objective.normaliser``), so accumulation is exact whatever each
+    micro-batch holds. With ``guard_nonfinite`` an update whose loss or gradient norm is
+    not finite is not applied (parameters and optimizer state stay as they were, the
+    step counter still advances) and ``metrics["nonfinite"]`` is 1, so a bad batch never
+    corrupts the state that later checkpoints save.
     """
-
-    def objective(params: Any, micro: Batch) -> tuple[jax.Array, tuple[LossSums, dict[str, jax.Array]]]:
-        return _forward(state.graphdef, params, micro, loss_chunk_size, z_loss, state.frozen)
-
-    grad_fn = jax.grad(objective, has_aux=True)
+    check_batch(objective, batch)
+    grad_fn = jax.grad(objective_fn(state, objective), has_aux=True)
     if gradient_accumulation_steps == 1:
-        grads, (sums, router) = grad_fn(state.params, batch)
+        grads, sums = grad_fn(state.params, batch)
     else:
         micro = split_microbatches(batch, gradient_accumulation_steps)
         zeros = (
             jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
-            _zero_sums(state.graphdef, state.params, state.frozen),
+            objective.zero_sums(_model(state, state.params)),
         )
 
         def body(carry: Any, mb: Batch) -> tuple[Any, None]:
             return _sum_tree(carry, grad_fn(state.params, mb)), None
 
-        (grads, (sums, router)), _ = lax.scan(body, zeros, micro)
-    denom = jnp.maximum(sums.tokens, 1.0)
+        (grads, sums), _ = lax.scan(body, zeros, micro)
+    denom = jnp.maximum(sums[objective.normaliser], 1.0)
     # Gradients are summed and normalised in float32 whatever the parameters' dtype
     # (bf16 parameters give bf16 gradients; the optimizer reads float32, see optim.in_float32).
     grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, grads)
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(sums.loss) & jnp.isfinite(grad_norm)
+    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
 
     def update() -> tuple[Any, Any]:
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -171,13 +151,9 @@ def train_step(
         )
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {
-        "loss": sums.loss / denom,
-        "z_loss": sums.z_loss / denom,
-        "accuracy": sums.correct / denom,
-        "tokens": sums.tokens,
+        **objective.step_metrics(sums, denom),
         "grad_norm": grad_norm,
         "nonfinite": 1.0 - finite.astype(jnp.float32),
-        **router_metrics(router, denom),
     }
     if log_grad_norms:
         metrics.update(group_norms(grads, "grad_norm"))
@@ -186,19 +162,20 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *, gradient_accumulation_steps: int = 1,
-              loss_chunk_size: int | None = None) -> LossSums:
-    """Loss sums for ``batch`` (no update), in micro-batches like the train step."""
+def eval_step(state: TrainState, batch: Batch, *, objective: Objective,
+              gradient_accumulation_steps: int = 1) -> Sums:
+    """``objective``'s sums for ``batch`` (no update), in micro-batches like the train step;
+    ``objective.eval_metrics`` turns their total over the eval set into figures."""
+    check_batch(objective, batch)
+    f = objective_fn(state, objective)
     if gradient_accumulation_steps == 1:
-        return _forward(state.graphdef, state.params, batch, loss_chunk_size, frozen=state.frozen)[1][0]
+        return f(state.params, batch)[1]
     micro = split_microbatches(batch, gradient_accumulation_steps)
-    zeros = LossSums(*(jnp.zeros((), jnp.float32) for _ in LossSums._fields))
 
-    def body(carry: LossSums, mb: Batch) -> tuple[LossSums, None]:
-        return _sum_tree(carry, _forward(state.graphdef, state.params, mb, loss_chunk_size,
-                                         frozen=state.frozen)[1][0]), None
+    def body(carry: Sums, mb: Batch) -> tuple[Sums, None]:
+        return _sum_tree(carry, f(state.params, mb)[1]), None
 
-    sums, _ = lax.scan(body, zeros, micro)
+    sums, _ = lax.scan(body, objective.zero_sums(_model(state, state.params)), micro)
     return sums
 
 
@@ -207,25 +184,23 @@ def make_step_functions(
     state_sharding: Any,
     batch_sharding: Any,
     replicated: Any,
-    gradient_accumulation_steps: int,
-    z_loss: float,
+    objective: Objective,
+    gradient_accumulation_steps: int = 1,
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
-    loss_chunk_size: int | None = None,
 ) -> tuple[Callable, Callable]:
-    """Jit the steps with explicit in/out shardings; the train state is donated."""
+    """Jit the steps of ``objective`` with explicit in/out shardings; the train state is donated."""
     train = jax.jit(
-        functools.partial(train_step, tx=tx, gradient_accumulation_steps=gradient_accumulation_steps, z_loss=z_loss,
-                          guard_nonfinite=guard_nonfinite, log_grad_norms=log_grad_norms,
-                          log_weight_stats=log_weight_stats, loss_chunk_size=loss_chunk_size),
+        functools.partial(train_step, tx=tx, objective=objective,
+                          gradient_accumulation_steps=gradient_accumulation_steps, guard_nonfinite=guard_nonfinite,
+                          log_grad_norms=log_grad_norms, log_weight_stats=log_weight_stats),
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=(state_sharding, replicated),
         donate_argnums=(0,),
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, gradient_accumulation_steps=gradient_accumulation_steps,
-                          loss_chunk_size=loss_chunk_size),
+        functools.partial(eval_step, objective=objective, gradient_accumulation_steps=gradient_accumulation_steps),
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=replicated,
     )

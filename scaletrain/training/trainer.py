@@ -17,11 +17,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from scaletrain.errors import DataError
 from scaletrain.training.base import BaseTrainer
 from scaletrain.training.callbacks import StepOutput
-from scaletrain.training.loss import LossSums, eval_metrics
 from scaletrain.training.outputs import format_plan, summary_record, write_summary
 from scaletrain.training.protocol import TrainerOutput
 from scaletrain.training.state import TrainState, params_sha256
@@ -166,17 +166,22 @@ class Trainer(BaseTrainer):
             yield self.shard_batch(batch)
 
     def eval(self, model_state: TrainState | None = None) -> Iterator[dict[str, float]]:
-        """Yield running evaluation metrics after every eval batch (EasyDeL's ``Trainer.eval``)."""
+        """Yield running evaluation metrics after every eval batch (EasyDeL's ``Trainer.eval``).
+
+        The objective's sums are added on the host in float64 and reduced by the objective
+        (:meth:`~scaletrain.objectives.Objective.eval_metrics`)."""
         state = model_state if model_state is not None else self.current_state
-        total = LossSums(*(0.0 for _ in LossSums._fields))
+        total: Any = None
         with jax.set_mesh(self._mesh):
             for i, batch in enumerate(self._eval_batches(), start=1):
-                sums = jax.device_get(self.sharded_evaluation_step_function(state, batch))
-                total = LossSums(*(float(a) + float(b) for a, b in zip(total, sums)))
-                yield {"eval_step": i, **eval_metrics(total, self.eval_bytes_per_token)}
+                sums = jax.tree.map(lambda x: np.asarray(x, np.float64),
+                                    jax.device_get(self.sharded_evaluation_step_function(state, batch)))
+                total = sums if total is None else jax.tree.map(np.add, total, sums)
+                yield {"eval_step": i, **self.objective.eval_metrics(total, self.eval_bytes_per_token)}
 
     def evaluate(self, state: TrainState | None = None, metric_calculator: Callable | None = None) -> dict[str, float]:
-        """Full evaluation; returns ``eval_loss``, ``eval_accuracy``, ``eval_perplexity`` (and bits/byte)."""
+        """Full evaluation, reduced by the objective: for the language-model loss ``eval_loss``,
+        ``eval_accuracy``, ``eval_perplexity``, ``eval_tokens`` (and ``eval_bits_per_byte``)."""
         if self._dataset_eval is None:
             raise DataError("evaluate() needs dataset_eval")
         state = state if state is not None else self.current_state
@@ -186,7 +191,7 @@ class Trainer(BaseTrainer):
             for batch in self._eval_batches():
                 sums = self.sharded_evaluation_step_function(state, batch)
                 acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
-        results = eval_metrics(LossSums(*(float(x) for x in jax.device_get(acc))), self.eval_bytes_per_token)
+        results = self.objective.eval_metrics(jax.device_get(acc), self.eval_bytes_per_token)
         if metric_calculator is not None:
             results.update(metric_calculator(state, results))
         self.last_eval = (self.global_step, results)

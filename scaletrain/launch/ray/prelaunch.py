@@ -46,9 +46,10 @@ def check_recipe_before_launch(recipe: Recipe) -> None:
 
 def _check_readable(source: str, split: str, field: str, d: DataSection) -> None:
     """Open ``source`` and read its first row: the files exist, the format and the column are right."""
+    from scaletrain.data.kinds import data_kind
     from scaletrain.data.sources import iter_source
 
-    column = d.text_column if d.kind == "pretrain" else d.messages_column
+    column = data_kind(d.kind).column(d)
     rows = iter_source(source, column, format=d.format, per_line=d.per_line, split=split)
     try:
         next(rows)

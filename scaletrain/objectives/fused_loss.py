@@ -46,7 +46,7 @@ from jax.sharding import PartitionSpec
 
 from scaletrain.models.cpu_dots import contract_rows, dot
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
-from scaletrain.training.loss import LossSums, next_token_targets, token_sums_and_log_z
+from scaletrain.objectives.loss import LossSums, next_token_targets, token_sums_and_log_z
 
 Array = jax.Array
 
@@ -58,7 +58,7 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
     """``(sum(loss) + z_weight * sum(z_loss), LossSums)`` of the head ``kernel`` on ``hidden`` [B, T, H].
 
     ``kernel`` is [H, V], or [V, H] (a tied embedding) if ``transposed``; ``mask``
-    [B, T-1] is :func:`~scaletrain.training.loss.target_mask`'s. The sequence is cut into
+    [B, T-1] is :func:`~scaletrain.objectives.loss.target_mask`'s. The sequence is cut into
     chunks of ``chunk_size`` positions (all rows of the batch in each, so a batch
     axis sharded over devices stays where it is); a chunk longer than the sequence (or
     than one device's share of it) is cut to that length.

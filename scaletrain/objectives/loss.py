@@ -111,7 +111,7 @@ def resolve_chunk_size(setting: Any, vocab_size: int, seq_len: int) -> int | Non
     whole float32 logits dominate activation memory (a 128k vocabulary at 8 x 2048
     tokens is 8 GB); whole logits otherwise, which measured as fast as chunks at a
     vocabulary of 8k on CPU. Chunking costs no extra matmul
-    (:mod:`scaletrain.training.fused_loss`).
+    (:mod:`scaletrain.objectives.fused_loss`).
     """
     if setting == "auto":
         return min(512, seq_len) if vocab_size >= 32768 else None

@@ -1,9 +1,9 @@
 """The router losses of a mixture of experts in the train step's objective and metrics.
 
 Why apart from the cross-entropy: they come from the model's router statistics,
-not from the logits, and exist only for models with experts (a model that has
-``hidden_states_and_router_stats``); for any other model every function here is a
-no-op, so the step has one code path.
+not from the logits, and exist only for models with experts (whose forward returns
+``aux["router"]``, see :mod:`scaletrain.objectives.model_outputs`); for any other model
+every function here is a no-op, so the objective has one code path.
 
 The step's objective is a *sum* over target tokens that is divided once by the
 batch's target-token count. The router losses are means over the batch, so they
@@ -24,16 +24,6 @@ import jax.numpy as jnp
 from scaletrain.models.moe import RouterStats, load_balancing_loss, router_z_loss
 
 Array = jax.Array
-Batch = dict[str, Array]
-
-
-def hidden_and_router_stats(model: Any, batch: Batch) -> tuple[Array, RouterStats | None]:
-    """The model's final hidden states for ``batch`` and, for a mixture of experts, its router statistics."""
-    args = (batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
-    with_stats = getattr(model, "hidden_states_and_router_stats", None)
-    if with_stats is None:
-        return model.hidden_states(*args), None
-    return with_stats(*args)
 
 
 def router_objective(model: Any, stats: RouterStats | None, tokens: Array) -> Array:

@@ -1,0 +1,6 @@
+"""What a train step optimises: the :class:`Objective` seam and its implementations (``lm`` today)."""
+
+from scaletrain.objectives.base import Objective, check_batch, select_frozen
+from scaletrain.objectives.lm import LanguageModelObjective
+
+__all__ = ["LanguageModelObjective", "Objective", "check_batch", "select_frozen"]
