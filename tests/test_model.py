@@ -317,17 +317,17 @@ def test_causal_blocks_only_for_self_attention_that_divides():
 @pytest.mark.parametrize("dims,expected", [((1, 1, 1, 1, 1), 2), ((1, 1, 1, 1, 2), 1)])
 def test_no_query_blocks_when_the_sequence_is_split_over_devices(tiny_config_kwargs, monkeypatch, dims, expected):
     """Query blocks slice the sequence axis; under sequence parallelism that would move data."""
-    import scaletrain.models.llama as llama
+    import scaletrain.models.common.layers as layers
     from scaletrain.parallel import create_mesh
 
     seen = []
-    original = llama.dot_product_attention
+    original = layers.dot_product_attention
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("blocks", 1))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(llama, "dot_product_attention", spy)
+    monkeypatch.setattr(layers, "dot_product_attention", spy)
     model = _model(**tiny_config_kwargs)
     mesh = create_mesh(dims, devices=jax.devices()[: int(np.prod(dims))])
     with jax.set_mesh(mesh):

@@ -1,6 +1,6 @@
-"""Functional attention for the Llama family: RoPE, masks, and the attention kernels.
+"""Functional attention for every family: RoPE, masks, and the attention kernels.
 
-Kept apart from the nnx modules in :mod:`scaletrain.models.llama` because these are
+Kept apart from the nnx modules in :mod:`scaletrain.models.common.layers` because these are
 pure functions of arrays, shared by the training forward, the cached decoding forward
 (:mod:`scaletrain.generation`) and the benchmarks that switch them
 (``bench/variant_ab.py`` sets :data:`MAX_CAUSAL_BLOCKS` / :data:`MIN_CAUSAL_BLOCK`,

@@ -64,19 +64,6 @@ class StackedLayers(nnx.Module):
         return lax.scan(body, carry, (state, xs))
 
 
-def fold_layers(layers: Any, step: Callable[[nnx.Module, Carry], tuple[Carry, Any]],
-                carry: Carry) -> tuple[Carry, Any]:
-    """``(carry, ys)`` of ``step`` over the decoder layers, stacked or a list: one loop for both layouts
-    (``ys``: each layer's ``y`` stacked along a new leading axis; None when ``step`` returns None)."""
-    if isinstance(layers, StackedLayers):
-        return layers.scan(step, carry)
-    ys = []
-    for layer in layers:
-        carry, y = step(layer, carry)
-        ys.append(y)
-    return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else None
-
-
 def per_layer_names(name: str, count: int) -> tuple[str, ...] | None:
     """``model.layers.<i>.<rest>`` for i < ``count``, for a stacked parameter's dotted ``name``; else None."""
     m = _STACKED_NAME.match(name)
