@@ -1,7 +1,7 @@
 """Long sequences: the flash kernel on a sequence split over devices, and remat that keeps its statistics.
 
 Context parallelism runs each device's slice of the queries against the whole row's
-keys at the slice's offset (:mod:`scaletrain.models.flash_sharding`); these tests hold
+keys at the slice's offset (:mod:`scaletrain.models.kernels.flash_sharding`); these tests hold
 it to the einsum path over the unsplit row, first kernel-level (slices in a loop with
 a traced offset), then as ``attn_mechanism="pallas"`` in a Llama on a mesh with
 ``sp = 2``. Pallas runs in interpret mode on CPU.
@@ -17,9 +17,9 @@ from flash_testing import assert_same_loss_and_grads
 from flax import nnx
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.attention import build_attention_mask, dot_product_attention
-from scaletrain.models.flash_attention import attention_with_visits, segment_flash_attention
-from scaletrain.models.flash_sharding import sequence_block, sharded_flash_attention, zigzag_chunk, zigzag_order
+from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention
+from scaletrain.models.kernels.flash_attention import attention_with_visits, segment_flash_attention
+from scaletrain.models.kernels.flash_sharding import sequence_block, sharded_flash_attention, zigzag_chunk, zigzag_order
 
 HQ, HKV, D = 4, 2, 16
 
@@ -195,7 +195,7 @@ def test_auto_runs_the_kernel_where_a_gpu_mesh_splits_the_sequence() -> None:
 
     from scaletrain.models.config import LlamaConfig
     from scaletrain.models.mistral import MistralConfig
-    from scaletrain.models.flash_sharding import training_mechanism
+    from scaletrain.models.kernels.flash_sharding import training_mechanism
 
     kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
               num_key_value_heads=2)

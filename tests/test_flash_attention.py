@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from flash_testing import assert_same_loss_and_grads
 
-from scaletrain.models.attention import build_attention_mask, dot_product_attention
-from scaletrain.models.flash_attention import attention_with_visits, block_schedule, segment_flash_attention
+from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention
+from scaletrain.models.kernels.flash_attention import attention_with_visits, block_schedule, segment_flash_attention
 
 HQ, HKV = 4, 2
 NAMES = ("output", "dq", "dk", "dv")

@@ -107,11 +107,11 @@ class LlamaConfig(ConfigModel):
     attn_mechanism: str = "auto"
     attn_dtype: str | None = None
     attn_softmax_dtype: str | None = "float32"
-    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.fp8; strict,
+    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.kernels.fp8; strict,
     # so a YAML string ("yes") is an error, not True
     fp8: StrictBool = False
     # the decoder layers as one stack with a leading layer axis, run by lax.scan
-    # (scaletrain.models.stacked_layers): one layer body to compile. EasyDeL's name. It changes the
+    # (scaletrain.models.scanned_layers): one layer body to compile. EasyDeL's name. It changes the
     # parameters' layout, so a checkpoint restores only into the layout it was saved in
     scan_layers: StrictBool = False
     sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")

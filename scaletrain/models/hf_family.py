@@ -18,7 +18,7 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig
 
-#: RoPE types :func:`scaletrain.models.attention.rope_inv_freq` computes.
+#: RoPE types :func:`scaletrain.models.kernels.attention.rope_inv_freq` computes.
 ROPE_TYPES = ("default", "linear", "llama3")
 
 #: ``refuse(what)``: the ConfigError for an export that transformers cannot express.

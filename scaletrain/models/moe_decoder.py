@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaletrain.models.attention import KVCache
+from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
 from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import Attention

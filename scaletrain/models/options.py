@@ -66,8 +66,8 @@ class EasyDeLGradientCheckPointers(str, enum.Enum):
     MLP_ATTN_NOTSAVEABLE = "mlp_attn_notsaveable"
 
 
-# accepted attn_mechanism value -> the value models/attention.py runs ("auto"/"sdpa": fused
-# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": models/flash_attention.py's
+# accepted attn_mechanism value -> the value models/kernels/attention.py runs ("auto"/"sdpa": fused
+# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": models/kernels/flash_attention.py's
 # segment-aware kernel, context parallel over sp)
 ATTENTION: dict[str, str] = {
     "auto": "auto", "sdpa": "sdpa", "flash": "auto", "flash_attn2": "auto", "cuda_flash_attn2": "auto",

@@ -18,7 +18,7 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.key_paths import key_names
-from scaletrain.models.stacked_layers import stacked_axes
+from scaletrain.models.scanned_layers import stacked_axes
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.fused_loss import fused_head_loss
 from scaletrain.training.loss import LossSums, cross_entropy_sums, target_mask

@@ -21,15 +21,15 @@ from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from scaletrain.models.attention import KVCache, rope_inv_freq
+from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
 from scaletrain.models.common.inputs import LayerKind, PreparedInputs, cache_inputs, training_inputs
 from scaletrain.models.common.layer_loop import by_kind, loop_layers
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.models.dense import Dense, RMSNorm, _init
-from scaletrain.models.layer_stack import build_layers
+from scaletrain.models.unrolled_layers import build_layers
 from scaletrain.models.remat import run_layer
-from scaletrain.models.stacked_layers import StackedLayers
+from scaletrain.models.scanned_layers import StackedLayers
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_sharding_axes
 
@@ -70,7 +70,7 @@ class DecoderModel(nnx.Module):
             _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
             logical_axes=("vocab", "embed"),
         )
-        # each layer from its own key: identical layers share one compiled initialiser (layer_stack)
+        # each layer from its own key: identical layers share one compiled initialiser (unrolled_layers)
         layer = self.layer_class
         build = lambda _, r: layer(config, dtype, param_dtype, precision, r)  # noqa: E731
         self.layers = (StackedLayers(build, config.num_hidden_layers, rngs.params()) if config.scan_layers

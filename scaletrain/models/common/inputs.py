@@ -1,11 +1,11 @@
 """What each decoder layer reads besides the hidden states, prepared once per forward and layer kind.
 
 Why one module: training, evaluation and decoding read the same inputs (positions, segment
-ids, the mask or :class:`~scaletrain.models.attention.CausalWindow`, RoPE tables), and a
+ids, the mask or :class:`~scaletrain.models.kernels.attention.CausalWindow`, RoPE tables), and a
 family whose layers differ in window or RoPE (Gemma 3's local and global layers) needs
 them once per *kind*, all laid out alike. The training inputs go through
-:func:`~scaletrain.models.flash_sharding.training_mechanism` and, where the flash kernel
-splits rows over ``sp``, :func:`~scaletrain.models.flash_sharding.zigzag_inputs` for every
+:func:`~scaletrain.models.kernels.flash_sharding.training_mechanism` and, where the flash kernel
+splits rows over ``sp``, :func:`~scaletrain.models.kernels.flash_sharding.zigzag_inputs` for every
 kind, so no family can skip the context-parallel path.
 """
 
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletrain.models.attention import (
+from scaletrain.models.kernels.attention import (
     CausalWindow,
     PackedSegments,
     build_cache_mask,
@@ -25,7 +25,7 @@ from scaletrain.models.attention import (
     rope_tables,
 )
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.flash_sharding import training_mechanism, zigzag_inputs
+from scaletrain.models.kernels.flash_sharding import training_mechanism, zigzag_inputs
 
 Array = jax.Array
 

@@ -18,7 +18,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.attention import (
+from scaletrain.models.kernels.attention import (
     KVCache,
     PackedSegments,
     apply_rope,
@@ -30,9 +30,9 @@ from scaletrain.models.attention import (
 from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.config import LlamaConfig
 from scaletrain.models.dense import Dense, RMSNorm
-from scaletrain.models.flash_attention import ATTENTION_OUTPUT
-from scaletrain.models.flash_sharding import sharded_flash_attention
-from scaletrain.models.fp8 import glu_product
+from scaletrain.models.kernels.flash_attention import ATTENTION_OUTPUT
+from scaletrain.models.kernels.flash_sharding import sharded_flash_attention
+from scaletrain.models.kernels.fp8 import glu_product
 from scaletrain.parallel.partition import active_axis_size
 
 Array = jax.Array

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from scaletrain.models.attention import KVCache, rope_inv_freq
+from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
 from scaletrain.models.common.inputs import LayerInputs, LayerKind
 from scaletrain.models.common.layers import MLP, Attention

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import jax
 from flax import nnx
 
-from scaletrain.models.attention import KVCache
+from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
 from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import MLP, Attention
