@@ -11,7 +11,7 @@ kind, so no family can skip the context-parallel path.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -80,12 +80,3 @@ def cache_inputs(kinds: tuple[LayerKind, ...], input_ids: Array, positions: Arra
     by_kind = tuple(LayerInputs(build_cache_mask(start, input_ids.shape[1], kv_valid, kind.window),
                                 rope_tables(positions, kind.inv_freq), valid, start) for kind in kinds)
     return PreparedInputs(input_ids, by_kind, None)
-
-
-def distinct_kinds(per_layer: list[Any]) -> tuple[list[Any], list[int]]:
-    """The distinct values of ``per_layer`` (first appearance first) and each layer's index into them."""
-    distinct: list[Any] = []
-    for value in per_layer:
-        if value not in distinct:
-            distinct.append(value)
-    return distinct, [distinct.index(v) for v in per_layer]
