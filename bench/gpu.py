@@ -76,7 +76,7 @@ def run_scaletrain(spec: dict[str, Any]) -> dict[str, Any]:
     import scaletrain as st
     from scaletrain.data.packing import PackedRows
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-    from scaletrain.models.attention import use_fused_attention
+    from scaletrain.models.kernels.attention import use_fused_attention
     from scaletrain.training.callbacks import memory_stats
 
     batch, seq, steps, dtype = spec["batch"], spec["seq"], spec["steps"], spec["dtype"]

@@ -52,7 +52,7 @@ def measure(mode: str, ns: argparse.Namespace, layout: str = "unrolled") -> dict
 
     import scaletrain as st
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-    from scaletrain.models.lora import LoRAConfig, apply_lora
+    from scaletrain.peft.lora import LoRAConfig, apply_lora
     from scaletrain.objectives import LanguageModelObjective
     from scaletrain.objectives.loss import resolve_chunk_size
     from scaletrain.training.optim import make_optimizer, make_schedule

@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from common import alternate, write_record
     from scaletrain.models import LlamaConfig, LlamaForCausalLM
-    from scaletrain.models.moe_config import MixtralConfig
-    from scaletrain.models.moe_decoder import MixtralForCausalLM
+    from scaletrain.models.mixtral import MixtralConfig
+    from scaletrain.models.mixtral import MixtralForCausalLM
 
     shared = dict(vocab_size=4096, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=a.seq, tie_word_embeddings=True)

@@ -31,9 +31,9 @@ def build(statement: str, batch: int, seq: int, dtype: str, tiny: bool = False) 
     """Run ``statement``, then compile and warm up the train step it affects."""
     import jax
 
-    import scaletrain.models.attention as attention
-    import scaletrain.models.flash_attention as flash_attention
-    import scaletrain.models.flash_sharding as flash_sharding
+    import scaletrain.models.kernels.attention as attention
+    import scaletrain.models.kernels.flash_attention as flash_attention
+    import scaletrain.models.kernels.flash_sharding as flash_sharding
     import scaletrain.models.llama as llama
     import scaletrain.objectives.loss as loss
     import scaletrain.training.steps as steps

@@ -4,7 +4,7 @@
 
 Rows that are one unpadded sequence each (token-only batches) with a sliding window (Mistral,
 Qwen2, Gemma 3's local layers) used to get the boolean mask ``build_attention_mask`` makes;
-they now get :class:`scaletrain.models.attention.CausalWindow`, which the einsum path turns
+they now get :class:`scaletrain.models.kernels.attention.CausalWindow`, which the einsum path turns
 into iotas inside each query block's fusion (no mask read from memory). This times attention's forward and
 backward (``jax.vjp``, the layer's own path: :func:`dot_product_attention` with the query
 blocks the model uses) for both, compiled once and then alternated in bursts in one process
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import numpy as np
 
     from common import alternate
-    from scaletrain.models.attention import CausalWindow, build_attention_mask, causal_blocks, dot_product_attention
+    from scaletrain.models.kernels.attention import CausalWindow, build_attention_mask, causal_blocks, dot_product_attention
 
     b, t = a.batch, a.seq
     dtype = jnp.dtype(a.dtype)

@@ -22,7 +22,7 @@ from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
 from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import dtype_name
-from scaletrain.models.lora_config import LoRAConfig
+from scaletrain.peft.lora_config import LoRAConfig
 
 __all__ = ["TrainingArguments", "format_validation_error", "parse_duration"]
 
@@ -61,7 +61,7 @@ class TrainingArguments(ConfigModel):
     seed: int = 0
     # regex over parameter paths ("model/layers/0/self_attn/q_proj/kernel"): those are not trained
     frozen_parameters: str | None = None
-    # low-rank adapters on a frozen (optionally quantised) base: scaletrain.models.lora
+    # low-rank adapters on a frozen (optionally quantised) base: scaletrain.peft.lora
     lora: LoRAConfig | None = None
     # compiled programs cached on disk across runs (scaletrain.compile_cache); null: off
     compilation_cache_dir: str | None = DEFAULT_COMPILATION_CACHE

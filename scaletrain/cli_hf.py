@@ -57,7 +57,7 @@ def load_adapter_model(adapter_dir: str, sharding_axis_dims: Sequence[int] | Non
     Why: ``scaletrain export`` writes a LoRA run as such a folder, and its user points ``generate``
     at what export printed. The base must be a local folder: nothing is downloaded.
     """
-    from scaletrain.models.peft_adapter import ADAPTER_CONFIG, load_peft_adapter, recorded_base
+    from scaletrain.peft.adapter import ADAPTER_CONFIG, load_peft_adapter, recorded_base
     from scaletrain.models.registry import AutoModelForCausalLM
 
     config_path = os.path.join(adapter_dir, ADAPTER_CONFIG)
@@ -131,7 +131,7 @@ def generate_main(
     import jax
 
     from scaletrain.generation import generate, stop_token_ids, until_stop
-    from scaletrain.models.peft_adapter import ADAPTER_CONFIG
+    from scaletrain.peft.adapter import ADAPTER_CONFIG
     from scaletrain.models.registry import AutoModelForCausalLM
 
     is_hf, is_adapter = (os.path.isfile(os.path.join(model_dir, f)) for f in ("config.json", ADAPTER_CONFIG))

@@ -97,7 +97,7 @@ def _lora_model(module_class: type, config: Any, args: Any, dtype: Any, param_dt
     """``(graphdef, adapters, frozen base)`` of a LoRA run: the real base (not in the checkpoint) and fresh
     adapters to restore over, split as the run's TrainState splits them."""
     from scaletrain.models import create_sharded_model
-    from scaletrain.models.lora import split_trainable
+    from scaletrain.peft.lora import split_trainable
     from scaletrain.models.registry import AutoModelForCausalLM
     from scaletrain.training.lora_state import with_lora
 
@@ -133,8 +133,8 @@ def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, max_s
     the full model with the adapters merged into its weights.
     """
     from scaletrain.models.hf import save_hf_checkpoint
-    from scaletrain.models.lora import lora_config_of, merge_lora
-    from scaletrain.models.peft_adapter import save_peft_adapter
+    from scaletrain.peft.lora import lora_config_of, merge_lora
+    from scaletrain.peft.adapter import save_peft_adapter
 
     model, meta = load_checkpoint_model(run_dir, step)
     if lora_config_of(model) is not None and not merge:

@@ -84,7 +84,7 @@ def lora_problems(recipe: Recipe, config: Any, module_class: type) -> list[str]:
     if lora is None:
         return []
     from scaletrain.models.factory import abstract_model
-    from scaletrain.models.lora import target_paths
+    from scaletrain.peft.lora import target_paths
 
     try:
         target_paths(abstract_model(module_class, config), lora)

@@ -18,7 +18,7 @@ from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.config_keys import problem_lines
 from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
-from scaletrain.models.lora_config import LoRAConfig
+from scaletrain.peft.lora_config import LoRAConfig
 from scaletrain.parallel.mesh import AXIS_NAMES
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -142,7 +142,7 @@ class Recipe(BaseModel):
     data: DataSection = DataSection()
     tokenizer: TokenizerSection = TokenizerSection()
     training: TrainingArguments = TrainingArguments()
-    # LoRA / QLoRA (scaletrain.models.lora_config); the same object as training.lora
+    # LoRA / QLoRA (scaletrain.peft.lora_config); the same object as training.lora
     lora: LoRAConfig | None = None
     mesh: MeshSection = MeshSection()
     sample: SampleSection = SampleSection()

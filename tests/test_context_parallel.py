@@ -1,7 +1,7 @@
 """Long sequences: the flash kernel on a sequence split over devices, and remat that keeps its statistics.
 
 Context parallelism runs each device's slice of the queries against the whole row's
-keys at the slice's offset (:mod:`scaletrain.models.flash_sharding`); these tests hold
+keys at the slice's offset (:mod:`scaletrain.models.kernels.flash_sharding`); these tests hold
 it to the einsum path over the unsplit row, first kernel-level (slices in a loop with
 a traced offset), then as ``attn_mechanism="pallas"`` in a Llama on a mesh with
 ``sp = 2``. Pallas runs in interpret mode on CPU.
@@ -17,9 +17,9 @@ from flash_testing import assert_same_loss_and_grads
 from flax import nnx
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.attention import build_attention_mask, dot_product_attention
-from scaletrain.models.flash_attention import attention_with_visits, segment_flash_attention
-from scaletrain.models.flash_sharding import sequence_block, sharded_flash_attention, zigzag_chunk, zigzag_order
+from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention
+from scaletrain.models.kernels.flash_attention import attention_with_visits, segment_flash_attention
+from scaletrain.models.kernels.flash_sharding import sequence_block, sharded_flash_attention, zigzag_chunk, zigzag_order
 
 HQ, HKV, D = 4, 2, 16
 
@@ -193,8 +193,9 @@ def test_auto_runs_the_kernel_where_a_gpu_mesh_splits_the_sequence() -> None:
     would build [T / sp, T] scores), and stays itself wherever the kernel cannot or need not run."""
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
-    from scaletrain.models.config import LlamaConfig, MistralConfig
-    from scaletrain.models.flash_sharding import training_mechanism
+    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.mistral import MistralConfig
+    from scaletrain.models.kernels.flash_sharding import training_mechanism
 
     kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
               num_key_value_heads=2)
@@ -213,3 +214,47 @@ def test_auto_runs_the_kernel_where_a_gpu_mesh_splits_the_sequence() -> None:
     assert on((1, 1, 1, 4, 2), llama) == "auto"  # 2 kv heads do not split over tp 4
     assert on(sp4, LlamaConfig(**kw, attn_mechanism="xla")) == "xla"
     assert on(sp4, MistralConfig(**kw, sliding_window=16)) == "pallas"  # the kernel takes the window
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_gemma3_over_sp_takes_the_kernel_and_zigzag_llama_takes(scan_layers: bool, monkeypatch) -> None:
+    """Gemma 3 (a local layer with window 20 and a global one) on fsdp 2 x tp 2 x sp 2 over packed rows:
+    ``pallas`` runs the kernel on the zigzag layout for both kinds of layer (each with its own window),
+    as Llama does, and gives the loss and gradients of the einsum path on the unsplit row (sp = 1)."""
+    from scaletrain.models.common import layers
+    from scaletrain.models.factory import create_sharded_model, mesh_for_config
+    from scaletrain.models.gemma3 import Gemma3ForCausalLM
+    from scaletrain.models.gemma3 import Gemma3TextConfig
+
+    calls: set[tuple[object, bool]] = set()
+    kernel = layers.sharded_flash_attention
+
+    def spy(*args, **kwargs):
+        calls.add((kwargs["window"], kwargs["zigzag"]))
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "sharded_flash_attention", spy)
+    ids = jnp.asarray(np.random.default_rng(1).integers(1, 64, (4, 64)), jnp.int32)
+    seg = jnp.asarray(np.stack([segments(64, 64), segments(64, 20, 30), segments(64, 40), segments(64, 31, 2, 31)]))
+    pos = jnp.asarray(np.stack([np.concatenate([np.arange(n) for n in np.bincount(r)[1:] if n] +
+                                               [np.zeros((r == 0).sum(), int)]) for r in np.asarray(seg)]))
+
+    def loss_and_grads(mechanism: str, dims: tuple[int, ...]) -> tuple[float, dict]:
+        config = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=20,
+                                  max_position_embeddings=64, layer_types=["sliding_attention", "full_attention"],
+                                  attn_mechanism=mechanism, scan_layers=scan_layers, sharding_axis_dims=dims)
+        model, mesh = create_sharded_model(Gemma3ForCausalLM, config, seed=0, mesh=mesh_for_config(config))
+
+        def loss(m: nnx.Module) -> jax.Array:
+            return jnp.mean(m(ids, positions=pos, segment_ids=seg).astype(jnp.float32) ** 2)
+
+        with jax.set_mesh(mesh):
+            value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+            traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
+        assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
+        return float(value), nnx.to_pure_dict(grads)
+
+    got = loss_and_grads("pallas", (1, 2, 1, 2, 2))
+    assert calls == {(20, True), (None, True)}  # both kinds: the kernel, zigzag, each with its window
+    assert_same_loss_and_grads(got, loss_and_grads("xla", (1, 4, 1, 2, 1)))

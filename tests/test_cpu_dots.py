@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from scaletrain.models.cpu_dots import _cpu_matmul, _dims
+from scaletrain.models.kernels.cpu_dots import _cpu_matmul, _dims
 
 # (a shape, b shape, batch dims, rhs transposed): the weight gradient of each case goes
 # through both branches of _contract_m (transpose the input vs. the output gradient)
@@ -59,7 +59,7 @@ def test_model_grads_match_plain_dots(tiny_config_kwargs, monkeypatch, tied):
     from flax import nnx
 
     from scaletrain.models import LlamaConfig, LlamaForCausalLM
-    from scaletrain.models import cpu_dots
+    from scaletrain.models.kernels import cpu_dots
 
     model = LlamaForCausalLM(LlamaConfig(**tiny_config_kwargs, tie_word_embeddings=tied), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)

@@ -114,8 +114,8 @@ def test_an_unfinished_staging_folder_is_removed_but_never_a_live_exports(tmp_pa
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_exported_model_and_adapter_files_have_the_umasks_modes(tmp_path, umask):
-    from scaletrain.models.lora import LoRAConfig, apply_lora
-    from scaletrain.models.peft_adapter import save_peft_adapter
+    from scaletrain.peft.lora import LoRAConfig, apply_lora
+    from scaletrain.peft.adapter import save_peft_adapter
 
     previous = os.umask(umask)
     try:

@@ -121,7 +121,7 @@ def test_gemma_embedding_scale_is_cast_to_the_compute_dtype() -> None:
     from flax import nnx
 
     from scaletrain.models.gemma3 import Gemma3ForCausalLM
-    from scaletrain.models.gemma3_config import Gemma3TextConfig
+    from scaletrain.models.gemma3 import Gemma3TextConfig
 
     config = Gemma3TextConfig(vocab_size=4, hidden_size=3072, intermediate_size=8, num_hidden_layers=1,
                               num_attention_heads=1, num_key_value_heads=1, head_dim=8)
@@ -164,7 +164,8 @@ def test_unsupported_options_fail_naming_the_key(config, key, tmp_path) -> None:
 
 
 def test_export_refuses_what_transformers_cannot_express() -> None:
-    from scaletrain.models.config import LlamaConfig, Qwen3Config
+    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.qwen3 import Qwen3Config
     from scaletrain.models.hf_config import config_to_hf
 
     with pytest.raises(ConfigError, match="'qwen3' with qk_norm=False"):

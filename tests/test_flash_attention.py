@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from flash_testing import assert_same_loss_and_grads
 
-from scaletrain.models.attention import build_attention_mask, dot_product_attention
-from scaletrain.models.flash_attention import attention_with_visits, block_schedule, segment_flash_attention
+from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention
+from scaletrain.models.kernels.flash_attention import attention_with_visits, block_schedule, segment_flash_attention
 
 HQ, HKV = 4, 2
 NAMES = ("output", "dq", "dk", "dv")
@@ -185,11 +185,11 @@ def test_sliding_window_models_with_pallas_equal_the_einsum_path(family: str) ->
     window and Gemma 3's local/global layers over packed rows give the einsum path's loss and gradients."""
     from flax import nnx
 
-    from scaletrain.models.config import MistralConfig
+    from scaletrain.models.mistral import MistralConfig
     from scaletrain.models.factory import create_sharded_model
     from scaletrain.models.gemma3 import Gemma3ForCausalLM
-    from scaletrain.models.gemma3_config import Gemma3TextConfig
-    from scaletrain.models.llama import MistralForCausalLM
+    from scaletrain.models.gemma3 import Gemma3TextConfig
+    from scaletrain.models.mistral import MistralForCausalLM
 
     kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=64, sliding_window=20)

@@ -1,4 +1,4 @@
-"""FP8 projection matmuls (scaletrain.models.fp8), emulated on the CPU.
+"""FP8 projection matmuls (scaletrain.models.kernels.fp8), emulated on the CPU.
 
 The references here are written from the definition with NumPy and ml_dtypes (an
 independent FP8 rounding), not with the module's own helpers.
@@ -22,7 +22,7 @@ import scaletrain
 from scaletrain.errors import ConfigError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM
 from scaletrain.models.config import RUNTIME_KEYS
-from scaletrain.models.fp8 import E4M3, E5M2, fp8_layer, fp8_matmul, glu_product, quantize_dequantize
+from scaletrain.models.kernels.fp8 import E4M3, E5M2, fp8_layer, fp8_matmul, glu_product, quantize_dequantize
 from scaletrain.models.llama import MLP
 from scaletrain.recipe import Recipe
 from scaletrain.run import check_pretrained_keys

@@ -11,7 +11,7 @@ import pytest
 
 import scaletrain
 from scaletrain.errors import CheckpointError, ConfigError
-from scaletrain.models.attention import rope_inv_freq
+from scaletrain.models.kernels.attention import rope_inv_freq
 from scaletrain.models.hf import save_hf_checkpoint
 from scaletrain.models.registry import AutoModelForCausalLM
 from hf_testing import (

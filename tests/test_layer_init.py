@@ -1,5 +1,5 @@
 """create_sharded_model makes identical layers with one compiled initialiser, with the values
-of a whole-model initialiser (models/layer_stack.py, factory.Initialiser)."""
+of a whole-model initialiser (models/unrolled_layers.py, factory.Initialiser)."""
 
 from __future__ import annotations
 

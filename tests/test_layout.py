@@ -24,7 +24,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (5, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot")),
     (4, ("scaletrain.training",)),
     (3, ("scaletrain.objectives",)),
-    (2, ("scaletrain.data", "scaletrain.models", "scaletrain.generation", "scaletrain.arguments")),
+    (2, ("scaletrain.data", "scaletrain.models", "scaletrain.peft", "scaletrain.generation", "scaletrain.arguments")),
     (1, ("scaletrain.parallel",)),
     (0, ("scaletrain.errors", "scaletrain.logs", "scaletrain._lazy", "scaletrain.compile_cache",
          "scaletrain.host_memory", "scaletrain.key_paths", "scaletrain.folders", "scaletrain.remote_storage",

@@ -18,8 +18,8 @@ from scaletrain.cli import main
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.export import export_checkpoint
 from scaletrain.generation import generate
-from scaletrain.models.lora import LoRAConfig, apply_lora, merge_lora, split_trainable, trainable_count
-from scaletrain.models.peft_adapter import load_peft_adapter, save_peft_adapter
+from scaletrain.peft.lora import LoRAConfig, apply_lora, merge_lora, split_trainable, trainable_count
+from scaletrain.peft.adapter import load_peft_adapter, save_peft_adapter
 from scaletrain.models.registry import AutoModelForCausalLM
 from scaletrain.training.checkpoint import Checkpointer
 from hf_testing import hf_logits, hf_model, our_logits, rel_diff, save_hf

@@ -15,8 +15,8 @@ import scaletrain as st
 from scaletrain.errors import ConfigError
 from scaletrain.export import export_checkpoint
 from scaletrain.generation import generate
-from scaletrain.models.lora import LoRAConfig, apply_lora, merge_lora, split_trainable, trainable_count
-from scaletrain.models.peft_adapter import load_peft_adapter
+from scaletrain.peft.lora import LoRAConfig, apply_lora, merge_lora, split_trainable, trainable_count
+from scaletrain.peft.adapter import load_peft_adapter
 from scaletrain.models.registry import AutoModelForCausalLM
 from hf_testing import hf_logits, hf_model, our_logits, rel_diff, save_hf, unstacked
 

@@ -135,7 +135,7 @@ def test_bf16_compute_keeps_fp32_params(tiny_config_kwargs):
 def test_fused_attention_arguments_match_the_einsum_path(window):
     """The mask/causal/GQA arguments given to jax.nn.dot_product_attention (cuDNN on GPU)
     mean exactly what our einsum attention computes; checked here with its XLA implementation."""
-    from scaletrain.models.attention import build_attention_mask, dot_product_attention, fused_attention
+    from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention, fused_attention
 
     rng = np.random.default_rng(0)
     b, t, nq, nkv, d = 2, 9, 4, 2, 8
@@ -156,7 +156,7 @@ def test_a_window_over_unpacked_rows_needs_no_mask_array(window):
     builds it from iotas. Both equal
     the einsum path with the mask ``build_attention_mask`` makes, in values and gradients;
     windows of one token, inside one query block, across blocks, and longer than the rows."""
-    from scaletrain.models.attention import (
+    from scaletrain.models.kernels.attention import (
         CausalWindow,
         build_attention_mask,
         causal_blocks,
@@ -203,7 +203,7 @@ def test_cudnn_attention_only_where_its_partitioner_takes_the_shards(tiny_config
     """JAX's cuDNN attention refuses a sequence sharded over devices and heads that do not
     divide over tp (both seen compiling for 8 H100s, bench/aot.py --dims 1,2,1,2,2 and
     1,2,1,4,1): ``auto`` falls back to the einsum path, a forced ``cudnn`` names the field."""
-    from scaletrain.models.attention import use_fused_attention
+    from scaletrain.models.kernels.attention import use_fused_attention
     from scaletrain.parallel.mesh import create_mesh
 
     bf16 = jnp.dtype(jnp.bfloat16)
@@ -226,7 +226,7 @@ def test_attention_without_a_mask_is_causal_attention(blocks):
     """``mask=None`` (rows that are one unpadded sequence) equals the causal mask of one
     segment, in the einsum path (whole and in query blocks) and in the arguments given to
     cuDNN, checked through JAX's XLA implementation."""
-    from scaletrain.models.attention import build_attention_mask, dot_product_attention, fused_attention
+    from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention, fused_attention
 
     rng = np.random.default_rng(2)
     b, t, nq, nkv, d = 2, 12, 4, 2, 8
@@ -262,7 +262,7 @@ def test_model_without_segments_equals_one_segment(tiny_config_kwargs):
 def test_causal_query_blocks_equal_full_attention(blocks, window):
     """Skipping the score blocks above the diagonal changes nothing but the work done,
     for packed rows, padding and sliding windows, in values and gradients."""
-    from scaletrain.models.attention import build_attention_mask, dot_product_attention
+    from scaletrain.models.kernels.attention import build_attention_mask, dot_product_attention
 
     rng = np.random.default_rng(1)
     b, t, nq, nkv, d = 2, 12, 4, 2, 8
@@ -285,7 +285,7 @@ def test_causal_query_blocks_equal_full_attention(blocks, window):
 def test_model_uses_causal_blocks_without_changing_results(tiny_config_kwargs, monkeypatch):
     """The whole model with the blocked attention (forced on for a short sequence) agrees
     with full attention in logits and parameter gradients."""
-    import scaletrain.models.attention as attention
+    import scaletrain.models.kernels.attention as attention
 
     model = _model(**tiny_config_kwargs)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 16)), jnp.int32)
@@ -305,7 +305,7 @@ def test_model_uses_causal_blocks_without_changing_results(tiny_config_kwargs, m
 
 
 def test_causal_blocks_only_for_self_attention_that_divides():
-    from scaletrain.models.attention import causal_blocks
+    from scaletrain.models.kernels.attention import causal_blocks
 
     assert causal_blocks(256, 256) == 2
     assert causal_blocks(2048, 2048) == 4
@@ -317,17 +317,17 @@ def test_causal_blocks_only_for_self_attention_that_divides():
 @pytest.mark.parametrize("dims,expected", [((1, 1, 1, 1, 1), 2), ((1, 1, 1, 1, 2), 1)])
 def test_no_query_blocks_when_the_sequence_is_split_over_devices(tiny_config_kwargs, monkeypatch, dims, expected):
     """Query blocks slice the sequence axis; under sequence parallelism that would move data."""
-    import scaletrain.models.llama as llama
+    import scaletrain.models.common.layers as layers
     from scaletrain.parallel import create_mesh
 
     seen = []
-    original = llama.dot_product_attention
+    original = layers.dot_product_attention
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("blocks", 1))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(llama, "dot_product_attention", spy)
+    monkeypatch.setattr(layers, "dot_product_attention", spy)
     model = _model(**tiny_config_kwargs)
     mesh = create_mesh(dims, devices=jax.devices()[: int(np.prod(dims))])
     with jax.set_mesh(mesh):

@@ -26,8 +26,8 @@ from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError
 from scaletrain.models.factory import place_model
 from scaletrain.models.hf_config import config_from_hf
-from scaletrain.models.moe_config import MixtralConfig
-from scaletrain.models.moe_decoder import MixtralForCausalLM
+from scaletrain.models.mixtral import MixtralConfig
+from scaletrain.models.mixtral import MixtralForCausalLM
 from scaletrain.models.registry import AutoModelForCausalLM
 from scaletrain.parallel import create_mesh
 from scaletrain.training.optim import make_optimizer, make_schedule

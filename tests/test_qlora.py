@@ -10,8 +10,8 @@ from flax import nnx
 
 import scaletrain as st
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-from scaletrain.models.lora import LoRAConfig, LoRADense, QuantizedWeight, apply_lora, dense_layers
-from scaletrain.models.quantize import NF4_LEVELS, dequantize, max_abs_error, quantize
+from scaletrain.peft.lora import LoRAConfig, LoRADense, QuantizedWeight, apply_lora, dense_layers
+from scaletrain.peft.quantize import NF4_LEVELS, dequantize, max_abs_error, quantize
 
 
 @pytest.mark.parametrize("kind", ["int8", "nf4"])

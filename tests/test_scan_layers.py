@@ -1,5 +1,5 @@
 """``model.scan_layers``: the decoder layers stored as one stack and run by ``lax.scan``
-(models/stacked_layers.py) compute what the unrolled layers compute, from the same values,
+(models/scanned_layers.py) compute what the unrolled layers compute, from the same values,
 compile one layer body whatever the depth, and read and write the per-layer HF tensors."""
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def positive(value: float | None) -> float | None:
 
 
 class LlamaConfig(ConfigModel):
-    """Llama-family decoder config (Llama, Mistral and Qwen2 share it)."""
+    """Llama's config and every family's base: the architecture keys all families share, and placement."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
     model_type: ClassVar[str] = "llama"
@@ -107,11 +107,11 @@ class LlamaConfig(ConfigModel):
     attn_mechanism: str = "auto"
     attn_dtype: str | None = None
     attn_softmax_dtype: str | None = "float32"
-    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.fp8; strict,
+    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.kernels.fp8; strict,
     # so a YAML string ("yes") is an error, not True
     fp8: StrictBool = False
     # the decoder layers as one stack with a leading layer axis, run by lax.scan
-    # (scaletrain.models.stacked_layers): one layer body to compile. EasyDeL's name. It changes the
+    # (scaletrain.models.scanned_layers): one layer body to compile. EasyDeL's name. It changes the
     # parameters' layout, so a checkpoint restores only into the layout it was saved in
     scan_layers: StrictBool = False
     sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
@@ -174,6 +174,10 @@ class LlamaConfig(ConfigModel):
         return None if value is None else dtype_name(value)
 
     # ---- derived quantities -------------------------------------------------
+    def attention_window(self) -> int | None:
+        """The attention window the model applies (None: none); Qwen2's family windows only when asked."""
+        return self.sliding_window
+
     @property
     def num_params(self) -> int:
         """Parameter count, including embeddings (and the LM head unless tied)."""
@@ -225,35 +229,6 @@ class LlamaConfig(ConfigModel):
             json.dump(self.to_dict(), f, indent=2, sort_keys=True)
 
 
-class MistralConfig(LlamaConfig):
-    """Mistral: Llama with an optional sliding attention window."""
-
-    model_type: ClassVar[str] = "mistral"
-    sliding_window: int | None = 4096
-    rms_norm_eps: float = 1e-5
-
-
-class Qwen2Config(LlamaConfig):
-    """Qwen2: Llama with biases on the q/k/v projections."""
-
-    model_type: ClassVar[str] = "qwen2"
-    qkv_bias: bool = True
-    rope_theta: float = 1000000.0
-    rms_norm_eps: float = 1e-6
-    use_sliding_window: bool = False
-
-
-class Qwen3Config(Qwen2Config):
-    """Qwen3 (dense): Qwen2's optional window, no q/k/v bias, RMSNorm on each head's q and k.
-
-    ``attention_bias`` puts biases on all four projections, as in Llama.
-    """
-
-    model_type: ClassVar[str] = "qwen3"
-    qkv_bias: bool = False
-    qk_norm: bool = True
-
-
 def check_config_keys(config_class: type[LlamaConfig], keys: set[str], where: str) -> None:
     """Raise ConfigError naming any key that ``config_class`` does not define."""
     unknown = sorted(k for k in keys if k not in config_class.model_fields and k != "model_type")
@@ -262,10 +237,3 @@ def check_config_keys(config_class: type[LlamaConfig], keys: set[str], where: st
             f"{where}: unknown model config key(s) {unknown}; known keys are "
             f"{sorted(config_class.model_fields)}"
         )
-
-
-def effective_sliding_window(config: LlamaConfig) -> int | None:
-    """The attention window the model applies (Qwen2 only windows when asked)."""
-    if isinstance(config, Qwen2Config) and not config.use_sliding_window:
-        return None
-    return config.sliding_window

@@ -16,8 +16,8 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.cpu_dots import matmul
-from scaletrain.models.fp8 import fp8_layer, fp8_matmul
+from scaletrain.models.kernels.cpu_dots import matmul
+from scaletrain.models.kernels.fp8 import fp8_layer, fp8_matmul
 
 Array = jax.Array
 

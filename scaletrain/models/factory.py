@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaletrain.models import layer_stack
+from scaletrain.models import unrolled_layers
 from scaletrain.models.config import LlamaConfig, to_dtype
 from scaletrain.parallel.mesh import create_mesh
 from scaletrain.parallel.partition import shardings_for_state
@@ -113,11 +113,11 @@ def create_sharded_model(
 class Initialiser:
     """The programs that make a model's parameters, each array born with its sharding.
 
-    The model is first made without its decoder layers (:func:`layer_stack.defer_layers`):
+    The model is first made without its decoder layers (:func:`unrolled_layers.defer_layers`):
     ``rest``, one small program for the embeddings, norms and head, which also returns the
     key the layers draw from. Then each group of layers with the same parameter shapes and
     shardings is made by one jitted ``init(key, i)`` (``layers``): compiled once, run once
-    per layer. A model that does not build its layers with :func:`layer_stack.build_layers`
+    per layer. A model that does not build its layers with :func:`unrolled_layers.build_layers`
     is made by ``rest`` alone, as a whole; so are stacked layers (``scan_layers``), whose one
     vmapped layer constructor compiles like one layer. Build it under ``jax.set_mesh(mesh)``.
     """
@@ -126,11 +126,11 @@ class Initialiser:
         found: dict[str, Any] = {}
 
         def init_rest() -> tuple[dict, Any]:
-            with layer_stack.defer_layers() as deferred:
+            with unrolled_layers.defer_layers() as deferred:
                 model = make()
             found.update(deferred=deferred, path=None)
             if deferred.build is not None:
-                found["path"] = layer_stack.path_of(model, deferred.placeholder)
+                found["path"] = unrolled_layers.path_of(model, deferred.placeholder)
             return nnx.to_pure_dict(nnx.state(model)), deferred.key
 
         self.key_shape = jax.eval_shape(init_rest)[1]  # traces only: finds the layer stack and its path
@@ -147,7 +147,7 @@ class Initialiser:
 
             def init_layer(key: jax.Array, index: jax.Array, first: int = first) -> dict:
                 # ``first`` fixes the layer's structure (all members share it); ``index`` only picks its key
-                return nnx.to_pure_dict(nnx.state(build(first, layer_stack.layer_rngs(key, index))))
+                return nnx.to_pure_dict(nnx.state(build(first, unrolled_layers.layer_rngs(key, index))))
 
             self.layers[first] = (jax.jit(init_layer, out_shardings=layer_shardings[first]), members)
 

@@ -38,7 +38,7 @@ from scaletrain.key_paths import dotted
 from scaletrain.models.config import LlamaConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
 from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
-from scaletrain.models.stacked_layers import per_layer_names
+from scaletrain.models.scanned_layers import per_layer_names
 from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import PartitionAxis
@@ -148,7 +148,7 @@ def _load_sharded(handles: dict[str, Any], source: Source, target: jax.ShapeDtyp
     """Read one parameter from open safetensors files (``handles`` by tensor) into ``target``'s sharding.
 
     ``source.tensors`` is one HF tensor, or one per entry of the parameter's stacked leading axes
-    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.stacked_layers`).
+    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.scanned_layers`).
     Each addressable device asks for its own index; only that slice is read from the
     memory-mapped files (a small cache serves replicated devices).
     """

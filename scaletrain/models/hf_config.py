@@ -16,20 +16,15 @@ import os
 from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.models.common.family import ARCHITECTURES, FAMILIES
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.gemma3_config import GEMMA3_TEXT
-from scaletrain.models.hf_dense import DENSE_FAMILIES
-from scaletrain.models.hf_family import ROPE_TYPES, HFFamily
-from scaletrain.models.moe_config import MOE_FAMILIES
+from scaletrain.models.hf_family import ROPE_TYPES
 from scaletrain.parallel.partition import PartitionAxis
 
 logger = logging.getLogger("scaletrain")
 
-#: HF ``model_type`` -> its mapping, for the families we implement. A new family writes its
-#: :class:`~scaletrain.models.hf_family.HFFamily` next to its code and is named here.
-FAMILIES: dict[str, HFFamily] = {f.model_type: f for f in (*DENSE_FAMILIES, GEMMA3_TEXT, *MOE_FAMILIES)}
-#: HF ``model_type`` -> HF architecture class name, for the families we implement.
-ARCHITECTURES: dict[str, str] = {t: f.architecture for t, f in FAMILIES.items()}
+# FAMILIES (HF model_type -> its mapping) and ARCHITECTURES (-> the HF architecture class name) are
+# filled by each family package's register(...) call (scaletrain.models.common.family)
 __all__ = ["ARCHITECTURES", "CONFIG_FILE", "FAMILIES", "ROPE_TYPES", "config_from_hf", "config_to_hf",
            "load_hf_config", "read_hf_config", "supported_model_type"]
 CONFIG_FILE = "config.json"

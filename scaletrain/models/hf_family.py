@@ -2,10 +2,11 @@
 
 Why: each family (Llama, Qwen3, Gemma 3, the mixtures of experts...) maps its own
 config.json keys, and what it refuses, next to its own code; :mod:`scaletrain.models.hf_config`
-only lists the families and runs the steps common to all of them. Adding a family is
-writing one ``HFFamily`` and naming it in ``hf_config.FAMILIES``, not a new branch in a
-shared function. The transformers config class (named, imported lazily) resolves the
-defaults and legacy keys, so a config.json means here what it means to transformers.
+only runs the steps common to all of them. Adding a family is writing one ``HFFamily``
+and passing it to the family's ``register(...)`` call
+(:func:`scaletrain.models.common.family.register`), not a new branch in a shared function.
+The transformers config class (named, imported lazily) resolves the defaults and legacy
+keys, so a config.json means here what it means to transformers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig
 
-#: RoPE types :func:`scaletrain.models.attention.rope_inv_freq` computes.
+#: RoPE types :func:`scaletrain.models.kernels.attention.rope_inv_freq` computes.
 ROPE_TYPES = ("default", "linear", "llama3")
 
 #: ``refuse(what)``: the ConfigError for an export that transformers cannot express.
@@ -34,12 +35,16 @@ class HFFamily:
     arguments (``raise refuse(what)`` where HF cannot express ``config``).
     """
 
-    model_type: str
     architecture: str  # the transformers model class, written into config.json's "architectures"
     hf_config_class: str  # the transformers config class, by name: transformers loads lazily
     config_class: type[LlamaConfig]
     from_hf: Callable[[Any, str], dict[str, Any]]
     to_hf: Callable[[LlamaConfig, Refuse], dict[str, Any]]
+
+    @property
+    def model_type(self) -> str:
+        """The HF ``model_type``: the config class's, the one place a family spells it."""
+        return self.config_class.model_type
 
     def transformers_config(self) -> type:
         import transformers

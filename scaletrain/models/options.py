@@ -66,8 +66,8 @@ class EasyDeLGradientCheckPointers(str, enum.Enum):
     MLP_ATTN_NOTSAVEABLE = "mlp_attn_notsaveable"
 
 
-# accepted attn_mechanism value -> the value models/attention.py runs ("auto"/"sdpa": fused
-# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": models/flash_attention.py's
+# accepted attn_mechanism value -> the value models/kernels/attention.py runs ("auto"/"sdpa": fused
+# where it applies, "cudnn": always fused, "xla"/"vanilla": einsum, "pallas": models/kernels/flash_attention.py's
 # segment-aware kernel, context parallel over sp)
 ATTENTION: dict[str, str] = {
     "auto": "auto", "sdpa": "sdpa", "flash": "auto", "flash_attn2": "auto", "cuda_flash_attn2": "auto",
@@ -89,7 +89,7 @@ REFUSED_ATTENTION: dict[str, str] = {
 #: The names live here, not there, because config validation reads them and must not import JAX.
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention", "dots_and_attention")
 
-# accepted gradient_checkpointing value -> the policy (one of REMAT_POLICIES) models/llama.py applies:
+# accepted gradient_checkpointing value -> the policy (one of REMAT_POLICIES) each decoder layer runs under:
 # each policy's own name, and EasyDeL's names for the same job
 REMAT: dict[str, str] = {
     **{name: name for name in REMAT_POLICIES},

@@ -3,9 +3,9 @@
 Every layer runs under ``nnx.remat`` with the policy ``config.gradient_checkpointing``
 names (:data:`scaletrain.models.options.REMAT` maps EasyDeL's names onto these).
 The policies save by name where a custom VJP hides an op from JAX's own rules:
-:func:`scaletrain.models.cpu_dots.matmul` names its outputs, and the Pallas flash
-kernel names its output and row log-sum-exp (:data:`~scaletrain.models.flash_attention.ATTENTION_OUTPUT`,
-:data:`~scaletrain.models.flash_attention.ATTENTION_LSE`), its only residuals besides q, k
+:func:`scaletrain.models.kernels.cpu_dots.matmul` names its outputs, and the Pallas flash
+kernel names its output and row log-sum-exp (:data:`~scaletrain.models.kernels.flash_attention.ATTENTION_OUTPUT`,
+:data:`~scaletrain.models.kernels.flash_attention.ATTENTION_LSE`), its only residuals besides q, k
 and v. Saving those two makes the backward's attention a single pass of the two
 gradient kernels instead of a forward kernel first; cuDNN's statistics stay hidden
 in JAX's custom VJP, so with cuDNN attention these policies still recompute its forward.
@@ -19,8 +19,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from scaletrain.models.cpu_dots import BATCHED_MATMUL, MATMUL
-from scaletrain.models.flash_attention import ATTENTION_LSE, ATTENTION_OUTPUT
+from scaletrain.models.kernels.cpu_dots import BATCHED_MATMUL, MATMUL
+from scaletrain.models.kernels.flash_attention import ATTENTION_LSE, ATTENTION_OUTPUT
 from scaletrain.models.options import REMAT_POLICIES
 
 _policies = jax.checkpoint_policies

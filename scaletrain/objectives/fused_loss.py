@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from scaletrain.models.cpu_dots import contract_rows, dot
+from scaletrain.models.kernels.cpu_dots import contract_rows, dot
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
 from scaletrain.objectives.loss import LossSums, next_token_targets, token_sums_and_log_z
 

@@ -13,9 +13,9 @@ from typing import Any
 from flax import nnx
 
 from scaletrain.errors import CheckpointError, ConfigError
-from scaletrain.models.adapter_base import check_adapter_base
-from scaletrain.models.lora import LoRAConfig, apply_lora, lora_config_of
-from scaletrain.models.peft_adapter import check_adapter_matches, load_adapter_weights
+from scaletrain.peft.adapter_base import check_adapter_base
+from scaletrain.peft.lora import LoRAConfig, apply_lora, lora_config_of
+from scaletrain.peft.adapter import check_adapter_matches, load_adapter_weights
 from scaletrain.training.state import params_sha256
 
 

@@ -19,7 +19,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaletrain.models.lora import split_trainable
+from scaletrain.peft.lora import split_trainable
 from scaletrain.parallel.host import BLOCK_BYTES, host_blocks
 
 
@@ -73,7 +73,7 @@ def create_train_state(
     scalars such as counters are replicated. Without explicit shardings a donated
     step can fail with incompatible devices.
 
-    A LoRA model (:func:`scaletrain.models.lora.apply_lora`) is split into its adapters,
+    A LoRA model (:func:`scaletrain.peft.lora.apply_lora`) is split into its adapters,
     which are ``params`` (the only part differentiated and given optimizer moments), and
     its frozen base, ``frozen``.
     """

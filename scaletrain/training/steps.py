@@ -20,7 +20,7 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.key_paths import key_names
-from scaletrain.models.stacked_layers import stacked_axes
+from scaletrain.models.scanned_layers import stacked_axes
 from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.state import TrainState

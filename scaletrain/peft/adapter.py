@@ -26,7 +26,7 @@ from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.key_paths import dotted
 from scaletrain.folders import staged
 from scaletrain.models.hf import EXPORT_MARKER, hf_tensor_name, prepare_destination, write_marker
-from scaletrain.models.lora import (
+from scaletrain.peft.lora import (
     LoRAConfig,
     apply_lora,
     linear_paths,
@@ -34,7 +34,7 @@ from scaletrain.models.lora import (
     split_trainable,
     target_paths,
 )
-from scaletrain.models.stacked_layers import per_layer_names
+from scaletrain.models.scanned_layers import per_layer_names
 from scaletrain.parallel.host import to_host
 
 logger = logging.getLogger("scaletrain")

@@ -1,7 +1,7 @@
 """The segment-aware flash kernel on a mesh: rows over the batch axes, heads over tp, the sequence over sp.
 
 ``pallas_call`` has no partitioning rule, so a model layer calls the kernel of
-:mod:`scaletrain.models.flash_attention` inside ``shard_map``. Rows and heads split
+:mod:`scaletrain.models.kernels.flash_attention` inside ``shard_map``. Rows and heads split
 freely (each device's query heads use its own key/value heads). A sequence split
 over ``sp`` is context parallelism: each device keeps its slice of the queries,
 gathers every device's keys, values and segment ids along the sequence, and runs the
@@ -34,9 +34,9 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.attention import ForwardInputs, PackedSegments
+from scaletrain.models.kernels.attention import ForwardInputs, PackedSegments
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.flash_attention import segment_flash_attention
+from scaletrain.models.kernels.flash_attention import segment_flash_attention
 from scaletrain.parallel.partition import active_axis_size, active_platform, active_sharding_axes
 
 Array = jax.Array

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from scaletrain.models.cpu_dots import MATMUL
+from scaletrain.models.kernels.cpu_dots import MATMUL
 from scaletrain.parallel.partition import active_platform
 
 Array = jax.Array
@@ -112,7 +112,7 @@ def scaled_dot(a: Array, b: Array, dims: Any, scale: Array, out_dtype: Any, prec
 def _transposed(x: Array) -> Array:
     """``x.T`` materialised on the CPU (one byte an element), so the weight gradient's dot
     contracts the lhs's last dimension, the only layout XLA CPU's fast dot path takes
-    without copying a larger operand (see :mod:`scaletrain.models.cpu_dots`). Elsewhere the
+    without copying a larger operand (see :mod:`scaletrain.models.kernels.cpu_dots`). Elsewhere the
     dot takes the transpose for free, so the contraction is written over the rows instead."""
     return lax.optimization_barrier(x.T)
 
@@ -152,7 +152,7 @@ def fp8_matmul(x: Array, w: Array, precision: Any = None) -> Array:
     """``x [..., K] @ w [K, N] -> [..., N]`` through FP8 (see the module docstring), in ``x``'s dtype.
 
     ``w`` is cast to ``x``'s dtype first (a Dense passes both in the compute dtype). The
-    output is named like :func:`~scaletrain.models.cpu_dots.matmul`'s, so the ``dots``
+    output is named like :func:`~scaletrain.models.kernels.cpu_dots.matmul`'s, so the ``dots``
     remat policies save it: the custom VJP hides the dot from ``checkpoint_dots``.
     """
     lead, k = x.shape[:-1], x.shape[-1]

@@ -1,4 +1,4 @@
-"""Gemma 3 (text) config and its config.json mapping (``model_type`` ``gemma3_text``).
+"""Gemma 3 (text) config and its config.json mapping.
 
 Field names are transformers' ``Gemma3TextConfig`` keys, except the MLP activation,
 which is ``hidden_act`` here as in every other family (``hidden_activation`` in the
@@ -16,7 +16,7 @@ from pydantic import field_validator, model_validator
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig, positive
-from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs, rope_from_hf, rope_to_hf
+from scaletrain.models.hf_family import Refuse, base_fields, base_hf_kwargs, rope_from_hf, rope_to_hf
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -89,7 +89,7 @@ class Gemma3TextConfig(LlamaConfig):
 # ---------------------------------------------------------------------------------
 # config.json
 # ---------------------------------------------------------------------------------
-def _from_hf(hf: Any, where: str) -> dict[str, Any]:
+def gemma3_from_hf(hf: Any, where: str) -> dict[str, Any]:
     if hf.hidden_activation != "gelu_pytorch_tanh":
         raise ConfigError(f"{where}: hidden_activation {hf.hidden_activation!r} is not supported "
                           "(only gelu_pytorch_tanh)")
@@ -121,7 +121,7 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
     }
 
 
-def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def gemma3_to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
     scalar = config.query_pre_attn_scalar  # an int in transformers' (strict) config class when it is one
     return {
         **base_hf_kwargs(config, rope=False),
@@ -136,5 +136,3 @@ def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
         "attn_logit_softcapping": None,
     }
 
-
-GEMMA3_TEXT = HFFamily("gemma3_text", "Gemma3ForCausalLM", "Gemma3TextConfig", Gemma3TextConfig, _from_hf, _to_hf)

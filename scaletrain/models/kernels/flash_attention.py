@@ -9,7 +9,7 @@ This kernel reads the ``[B, T]`` segment ids instead, masks inside each
 tiles above the diagonal (the loop's upper bound) and tiles whose query and key
 blocks share no document (the loop's lower bound).
 
-Semantics are exactly :func:`scaletrain.models.attention.build_attention_mask`:
+Semantics are exactly :func:`scaletrain.models.kernels.attention.build_attention_mask`:
 query ``i`` sees key ``j`` iff ``j <= i`` (``causal``), both are in the same segment
 and that segment is not 0 (padding), ``i - j < window`` when there is a sliding
 window, and every query sees itself — so a padding query's output is its own value
@@ -36,7 +36,7 @@ them anywhere (the CPU tests).
 
 The queries may also be a slice of a longer row of keys, at an offset (``q_offset``,
 ``kv_segment_ids``): one device's share of a sequence split over devices
-(:mod:`scaletrain.models.flash_sharding` gathers the keys). The forward names its
+(:mod:`scaletrain.models.kernels.flash_sharding` gathers the keys). The forward names its
 output and log-sum-exp for remat policies (:mod:`scaletrain.models.remat`).
 """
 
@@ -85,7 +85,7 @@ def block_schedule(segment_ids: Array, block_q: int, block_k: int, causal: bool 
 
     ``segment_ids`` are the queries'; the keys' are ``kv_segment_ids`` (the same row
     when None), and query ``i`` sits at row index ``q_offset + i`` of the keys' row:
-    a device's slice of a sequence split over devices (:mod:`~scaletrain.models.flash_sharding`).
+    a device's slice of a sequence split over devices (:mod:`~scaletrain.models.kernels.flash_sharding`).
     With a ``window``, tiles whose every query is ``window`` or more rows past every key
     are skipped too (sliding-window attention: block-sparse both ways).
 

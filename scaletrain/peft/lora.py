@@ -5,7 +5,7 @@
 ``lora_b`` [r, out], so ``y = x W + scaling * (x A) B``. A starts random (PEFT's
 Kaiming-uniform bound ``1/sqrt(in)``) and B at zero, so before its first step the model
 computes exactly what its base does. With ``quantize`` every linear layer but the LM
-head keeps its weight as int8 / NF4 blocks (:mod:`scaletrain.models.quantize`),
+head keeps its weight as int8 / NF4 blocks (:mod:`scaletrain.peft.quantize`),
 dequantised where it is used, inside the jitted step.
 
 The adapters are their own variable type, :class:`LoRAParam`, so
@@ -34,11 +34,11 @@ import numpy as np
 from flax import nnx
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.models.dense import Dense
-from scaletrain.models.lora_config import LoRAConfig
-from scaletrain.models.quantize import dequantize, quantize
-from scaletrain.models.stacked_layers import LAYER_AXIS, per_layer_names
+from scaletrain.peft.lora_config import LoRAConfig
+from scaletrain.peft.quantize import dequantize, quantize
+from scaletrain.models.scanned_layers import LAYER_AXIS, per_layer_names
 from scaletrain.parallel.partition import shardings_for_state
 
 __all__ = ["LoRAConfig", "LoRADense", "LoRAParam", "QuantizedWeight", "apply_lora", "dense_layers", "linear_paths",

@@ -1,6 +1,6 @@
-"""Functional attention for the Llama family: RoPE, masks, and the attention kernels.
+"""Functional attention for every family: RoPE, masks, and the attention kernels.
 
-Kept apart from the nnx modules in :mod:`scaletrain.models.llama` because these are
+Kept apart from the nnx modules in :mod:`scaletrain.models.common.layers` because these are
 pure functions of arrays, shared by the training forward, the cached decoding forward
 (:mod:`scaletrain.generation`) and the benchmarks that switch them
 (``bench/variant_ab.py`` sets :data:`MAX_CAUSAL_BLOCKS` / :data:`MIN_CAUSAL_BLOCK`,
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.cpu_dots import matmul
+from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.parallel.partition import active_platform
 
 Array = jax.Array
@@ -93,9 +93,9 @@ def build_attention_mask(
 class PackedSegments:
     """A row's segment ids [B, T] (0 = padding; all ones for rows that are one sequence), given to
     attention in place of the [B, 1, T, S] mask when it runs the segment-aware flash kernel
-    (:mod:`scaletrain.models.flash_attention`), which reads them and never builds the mask.
+    (:mod:`scaletrain.models.kernels.flash_attention`), which reads them and never builds the mask.
     ``window``: the layer kind's sliding window (None: none). ``zigzag``: the rows are in
-    :func:`scaletrain.models.flash_sharding.zigzag_order`. Both are static facts of the trace."""
+    :func:`scaletrain.models.kernels.flash_sharding.zigzag_order`. Both are static facts of the trace."""
 
     ids: Array
     window: int | None = None
@@ -210,7 +210,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
     Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
     dots, so both are batched over (B, kv) with the contraction last on the lhs: the
     layout XLA CPU runs on YNNPACK without copying the [T, S] scores (see
-    :mod:`scaletrain.models.cpu_dots`). The moves fuse into RoPE or copy [T, D]-sized
+    :mod:`scaletrain.models.kernels.cpu_dots`). The moves fuse into RoPE or copy [T, D]-sized
     tensors only.
 
     ``blocks > 1`` (causal self-attention only, ``mask`` zero above the diagonal):

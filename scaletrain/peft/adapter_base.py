@@ -25,7 +25,7 @@ from typing import Any
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.models.hf import _IGNORED_TENSORS, _weight_files
 from scaletrain.models.hf_config import CONFIG_FILE, load_hf_config
-from scaletrain.models.peft_adapter import ADAPTER_CONFIG, recorded_base
+from scaletrain.peft.adapter import ADAPTER_CONFIG, recorded_base
 
 logger = logging.getLogger("scaletrain")
 

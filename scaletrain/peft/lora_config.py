@@ -1,6 +1,6 @@
 """``LoRAConfig``: the recipe's ``lora`` section and ``TrainingArguments.lora``.
 
-Kept apart from :mod:`scaletrain.models.lora` (the modules) so that arguments and
+Kept apart from :mod:`scaletrain.peft.lora` (the modules) so that arguments and
 recipes validate a LoRA setup without importing flax. Field meanings follow PEFT's
 ``LoraConfig`` (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``,
 ``use_rslora``), which is what an exported ``adapter_config.json`` says.

@@ -6,7 +6,7 @@ optimizer update alone is 148 arrays of its own, ~0.3 s per layer). Stored stack
 parameter of the layers is one array with a leading layer axis: the forward and
 backward compile one layer body inside a loop, and the optimizer updates 9 arrays for the
 layers instead of 9 per layer. The maths is the unrolled model's: the same layer, the same
-values (layer ``i`` draws from ``fold_in(key, i)`` as :func:`layer_stack.build_layers`
+values (layer ``i`` draws from ``fold_in(key, i)`` as :func:`unrolled_layers.build_layers`
 does, so both layouts start from identical parameters).
 
 The stack lives at ``model.layers.stack.<name>`` (leading axis: the layer). The Hugging
@@ -27,7 +27,7 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.key_paths import key_names
-from scaletrain.models.layer_stack import LayerBuilder, layer_rngs
+from scaletrain.models.unrolled_layers import LayerBuilder, layer_rngs
 
 #: the logical name of the layer axis (replicated: every device holds its shard of every layer)
 LAYER_AXIS = "layers"
@@ -62,19 +62,6 @@ class StackedLayers(nnx.Module):
             return step(layer, c) if xs is None else step(layer, c, layer_and_x[1])
 
         return lax.scan(body, carry, (state, xs))
-
-
-def fold_layers(layers: Any, step: Callable[[nnx.Module, Carry], tuple[Carry, Any]],
-                carry: Carry) -> tuple[Carry, Any]:
-    """``(carry, ys)`` of ``step`` over the decoder layers, stacked or a list: one loop for both layouts
-    (``ys``: each layer's ``y`` stacked along a new leading axis; None when ``step`` returns None)."""
-    if isinstance(layers, StackedLayers):
-        return layers.scan(step, carry)
-    ys = []
-    for layer in layers:
-        carry, y = step(layer, carry)
-        ys.append(y)
-    return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else None
 
 
 def per_layer_names(name: str, count: int) -> tuple[str, ...] | None:

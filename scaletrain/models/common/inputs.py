@@ -1,0 +1,82 @@
+"""What each decoder layer reads besides the hidden states, prepared once per forward and layer kind.
+
+Why one module: training, evaluation and decoding read the same inputs (positions, segment
+ids, the mask or :class:`~scaletrain.models.kernels.attention.CausalWindow`, RoPE tables), and a
+family whose layers differ in window or RoPE (Gemma 3's local and global layers) needs
+them once per *kind*, all laid out alike. The training inputs go through
+:func:`~scaletrain.models.kernels.flash_sharding.training_mechanism` and, where the flash kernel
+splits rows over ``sp``, :func:`~scaletrain.models.kernels.flash_sharding.zigzag_inputs` for every
+kind, so no family can skip the context-parallel path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scaletrain.models.kernels.attention import (
+    CausalWindow,
+    PackedSegments,
+    build_cache_mask,
+    prepare_inputs,
+    rope_tables,
+)
+from scaletrain.models.config import LlamaConfig
+from scaletrain.models.kernels.flash_sharding import training_mechanism, zigzag_inputs
+
+Array = jax.Array
+
+
+class LayerKind(NamedTuple):
+    """What sets one kind of layer apart: its attention ``window`` (None: none) and RoPE ``inv_freq``."""
+
+    window: int | None
+    inv_freq: Array
+
+
+class LayerInputs(NamedTuple):
+    """One kind of layer's inputs for one forward (a pytree: it passes through remat and ``lax.cond``)."""
+
+    # [B, 1, T, S] boolean, the segment ids (flash kernel), a window over unpacked rows, or None (plain causal)
+    mask: Array | PackedSegments | CausalWindow | None
+    rope: tuple[Array, Array]  # rope_tables(positions, inv_freq)
+    valid: Array  # [B, T] float32: 1 on real tokens (what router statistics count)
+    start: Array | None = None  # the cache slot of the first token when decoding, else None
+
+
+class PreparedInputs(NamedTuple):
+    """The forward's token ids (permuted with the inputs), each kind's :class:`LayerInputs`, and the
+    permutation that puts the final hidden states back in row order (None: nothing permuted)."""
+
+    input_ids: Array
+    by_kind: tuple[LayerInputs, ...]
+    restore: np.ndarray | None
+
+
+def training_inputs(config: LlamaConfig, kinds: tuple[LayerKind, ...], input_ids: Array, positions: Array | None,
+                    segment_ids: Array | None, attention_mask: Array | None) -> PreparedInputs:
+    """Each kind's inputs for a forward over whole rows, in the zigzag layout when the flash kernel
+    attends over rows split across ``sp`` (every kind permuted alike: the permutation depends on the
+    row length and the mesh only)."""
+    mechanism = training_mechanism(config, input_ids.shape[1])
+    ids, restore, by_kind = input_ids, None, []
+    for kind in kinds:
+        inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, kind.window, kind.inv_freq,
+                                mechanism)
+        ids, inputs, restore = zigzag_inputs(config.partition_axis.sequence_axis, input_ids, inputs)
+        by_kind.append(LayerInputs(inputs.mask, inputs.rope, (inputs.segment_ids != 0).astype(jnp.float32)))
+    return PreparedInputs(ids, tuple(by_kind), restore)
+
+
+def cache_inputs(kinds: tuple[LayerKind, ...], input_ids: Array, positions: Array, start: Array,
+                 kv_valid: Array) -> PreparedInputs:
+    """Each kind's inputs for tokens written at cache slots ``[start, start + T)``: a mask over the
+    whole cache (:func:`build_cache_mask`, the same attention pattern as the training mask for
+    left-padded rows) and RoPE at ``positions``."""
+    valid = jnp.ones(input_ids.shape, jnp.float32)
+    by_kind = tuple(LayerInputs(build_cache_mask(start, input_ids.shape[1], kv_valid, kind.window),
+                                rope_tables(positions, kind.inv_freq), valid, start) for kind in kinds)
+    return PreparedInputs(input_ids, by_kind, None)
