@@ -231,9 +231,8 @@ def _counting(name: str):
     return forward
 
 
-# the forward the objectives read (objectives/model_outputs.py): the aux contract's where the model has it
-_FORWARD = ("hidden_states_and_aux" if hasattr(MixtralForCausalLM, "hidden_states_and_aux")
-            else "hidden_states_and_router_stats")
+# the forward the objectives read (objectives/model_outputs.py)
+_FORWARD = "hidden_states_and_aux"
 setattr(_TraceCountingMixtral, _FORWARD, _counting(_FORWARD))
 
 

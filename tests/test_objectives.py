@@ -169,21 +169,18 @@ def test_the_trainer_trains_and_evaluates_through_the_objective(tmp_path, tiny_c
 
 
 class _AuxContractLlama(LlamaForCausalLM):
-    """A Llama with the forward contract every causal LM is moving to: ``hidden_states_and_aux`` and ``aux_shapes``."""
+    """A Llama whose ``hidden_states_and_aux`` counts its calls."""
 
     calls = 0
 
     def hidden_states_and_aux(self, input_ids, positions=None, segment_ids=None, attention_mask=None):
         type(self).calls += 1
-        return self.hidden_states(input_ids, positions, segment_ids), {}
-
-    def aux_shapes(self):
-        return {}
+        return super().hidden_states_and_aux(input_ids, positions, segment_ids, attention_mask)
 
 
-def test_the_lm_objective_reads_the_aux_contract_where_the_model_has_it(tiny_config_kwargs):
-    """objectives/model_outputs.py calls ``hidden_states_and_aux`` when present (the fallback to today's
-    methods goes once every model has it), and the sums are the same as through ``hidden_states``."""
+def test_the_lm_objective_reads_the_models_hidden_states_and_aux(tiny_config_kwargs):
+    """The LM objective reads the model through ``hidden_states_and_aux`` (objectives/model_outputs.py), once
+    per forward, and its sums equal those of the decoder's own forward."""
     config = LlamaConfig(**{**tiny_config_kwargs, "num_hidden_layers": 1})
     batch = _batch()
     with_aux = _AuxContractLlama(config, rngs=nnx.Rngs(0))
