@@ -5,7 +5,7 @@
 Before the first step a GPU run compiles the parameter initialiser. As one program
 (``jit`` of the whole constructor, what ``create_sharded_model`` did before) its compile
 time grows with depth, faster than linearly on an H100 (1 layer 2.1 s, 16 layers 74 s;
-../shared/gpu/README.md). ``create_sharded_model`` now builds the model without its
+measured on 2026-11-22, docs/benchmarks.md). ``create_sharded_model`` now builds the model without its
 layers in one small program and every layer with one jitted ``init(key, i)`` compiled
 once per distinct layer shape (:class:`scaletrain.models.factory.Initialiser`). This
 compiles both for each depth, each in a fresh process (so no in-process cache of the jit

@@ -88,7 +88,7 @@ def test_ray_config_saved_by_easydel_loads_and_round_trips(tmp_path):
 
 
 def test_training_arguments_take_easydel_and_hf_names():
-    # seed 001's resume example, with only the import changed
+    # EasyDeL's RayDistributedTrainer documentation's resume example, with only the import changed
     args = TrainingArguments(resume_if_possible=True, save_directory="./checkpoints", total_steps=10000,
                              batch_size=8, learning_rate=1e-4)
     assert (args.output_dir, args.max_training_steps, args.total_batch_size) == ("./checkpoints", 10000, 8)

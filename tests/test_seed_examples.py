@@ -1,9 +1,9 @@
-"""Seed 001's examples and seed 003's protocol, as an EasyDeL user would run them.
+"""EasyDeL's RayDistributedTrainer documentation's examples and EasyDeL's BaseTrainerProtocol's protocol, as an EasyDeL user would run them.
 
-Every code example of ``RayDistributedTrainer``'s documentation (seed 001) runs here
+Every code example of ``RayDistributedTrainer``'s documentation (EasyDeL's RayDistributedTrainer documentation) runs here
 with only its import lines changed (``easydel.*`` → ``scaletrain``) and its sizes
 shrunk for CPU: small scaling variables, one layer, a 4k vocabulary, two steps. The
-fixed variables keep seed 001's defaults otherwise (bfloat16 ``dtype`` and
+fixed variables keep EasyDeL's RayDistributedTrainer documentation's defaults otherwise (bfloat16 ``dtype`` and
 ``param_dtype``, the fsdp mesh), so every ``train()`` below trains bf16 parameters.
 ``pretrained_model_name_or_path`` is a local tokenizer folder (nothing is downloaded).
 Where a seed example cannot run as printed (a variable it never defines, a
@@ -31,7 +31,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.models.llama import LlamaModel
 from scaletrain.training.state import params_sha256
 
-# the sizes we shrink (seed 001's scaling variables build 256-wide, 32-layer, 32k-vocab models)
+# the sizes we shrink (EasyDeL's RayDistributedTrainer documentation's scaling variables build 256-wide, 32-layer, 32k-vocab models)
 SCALING = {"hidden_size": 16, "intermediate_size": 32, "moe_intermediate_size": 16, "num_attention_heads": 2,
            "num_key_value_heads": 2}
 # half of SCALING: at scaling_index=2 the very model SCALING gives at 1, so priority 4 reuses its compiled step
@@ -54,7 +54,7 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def trainer(model_path) -> RayDistributedTrainer:
-    """Seed 001's first constructor, shrunk."""
+    """EasyDeL's RayDistributedTrainer documentation's first constructor, shrunk."""
     return RayDistributedTrainer(
         pretrained_model_name_or_path=model_path,
         model_task=TaskType.CAUSAL_LM,
@@ -72,7 +72,7 @@ def train_dataset(trainer) -> list[dict]:
 
 
 def training_args(output_dir, **kw) -> st.TrainingArguments:
-    """``training_args`` of seed 001 (never defined there): two steps of 8 rows.
+    """``training_args`` of EasyDeL's RayDistributedTrainer documentation (never defined there): two steps of 8 rows.
 
     Learning rate and horizon are the resume example's: the schedule is compiled into
     the step, so equal arguments let every run of the module share one compiled step.
@@ -134,7 +134,7 @@ def test_scaling_variables(model_path):
 
     trainer = RayDistributedTrainer(
         pretrained_model_name_or_path=model_path,
-        model_type="llama",  # added: seed 000's own rules refuse a constructor without a class or type/task
+        model_type="llama",  # added: EasyDeL's RayDistributedTrainer source's own rules refuse a constructor without a class or type/task
         model_task=TaskType.CAUSAL_LM,
         config_scaling_variables={
             "hidden_size": 256,
@@ -157,7 +157,7 @@ def test_scaling_variables(model_path):
 
 # ---- "Model Initialization Options": the four priorities, bf16 defaults ------------------
 def test_train_priorities_with_default_variables(trainer, train_dataset, tmp_path):
-    assert trainer.config_variables["param_dtype"] is jnp.bfloat16  # seed 001's default, kept
+    assert trainer.config_variables["param_dtype"] is jnp.bfloat16  # EasyDeL's RayDistributedTrainer documentation's default, kept
     existing_state = trainer.convert_model_to_state(trainer.create_model_from_config(1))
     before = params_sha256(existing_state.params)
     # Priority 1: Use provided state directly
@@ -183,7 +183,7 @@ def test_train_priorities_with_default_variables(trainer, train_dataset, tmp_pat
     bucket = RayDistributedTrainer(
         pretrained_model_name_or_path=trainer.pretrained_model_name_or_path,
         bucket_path=f"file://{tmp_path / 'p1'}",  # Cloud checkpoint
-        model_type="llama",  # added: seed 000's own rules refuse a constructor without a class or type/task
+        model_type="llama",  # added: EasyDeL's RayDistributedTrainer source's own rules refuse a constructor without a class or type/task
         model_task=TaskType.CAUSAL_LM,
         config_scaling_variables=dict(SCALING),
         config_variables=dict(SIZES),
@@ -369,7 +369,7 @@ def test_custom_model_state_and_trainer(model_path, train_dataset, tmp_path):
     assert params_sha256(placed.params) == params_sha256(out.state.params)
 
 
-# ---- seed 003: the protocol ------------------------------------------------------------------
+# ---- EasyDeL's BaseTrainerProtocol ------------------------------------------------------------------
 def test_protocol_skeleton_of_seed_003():
     from abc import abstractmethod
     from typing import Optional, Dict, Callable, Any  # noqa: F401,UP035
@@ -470,12 +470,12 @@ def test_protocol_skeleton_of_seed_003():
 
 
 def test_protocol_on_our_trainer(trainer, train_dataset, tmp_path):
-    """Seed 003's ``train(model_parameters=, state=)``, both step-function names and a full save_pretrained."""
+    """EasyDeL's BaseTrainerProtocol's ``train(model_parameters=, state=)``, both step-function names and a full save_pretrained."""
     from flax import nnx
 
     from scaletrain.training.protocol import TrainerConfigureFunctionOutput
 
-    def args(folder, **kw):  # the models of this module are bf16 (seed 001's defaults)
+    def args(folder, **kw):  # the models of this module are bf16 (EasyDeL's RayDistributedTrainer documentation's defaults)
         return training_args(folder, dtype="bfloat16", param_dtype="bfloat16", **kw)
 
     def model():  # one seed: the initialiser is compiled with its seed, another would compile again
@@ -485,7 +485,7 @@ def test_protocol_on_our_trainer(trainer, train_dataset, tmp_path):
     funcs = ours.configure_functions()
     assert funcs.train_step_fn is funcs.sharded_training_step_function
     assert funcs.eval_step_fn is funcs.sharded_evaluation_step_function
-    seed3 = TrainerConfigureFunctionOutput(train_step_fn=len, eval_step_fn=max)  # seed 003's spelling
+    seed3 = TrainerConfigureFunctionOutput(train_step_fn=len, eval_step_fn=max)  # EasyDeL's BaseTrainerProtocol's spelling
     assert (seed3.sharded_training_step_function, seed3.eval_step_fn, seed3.mesh) == (len, max, None)
     out = ours.train(model_parameters=None, state=None)
     assert int(out.state.step) == 2

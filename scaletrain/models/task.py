@@ -9,7 +9,7 @@ class TaskType(str, enum.Enum):
     """What a module's head computes.
 
     ``CAUSAL_LM`` is what the trainer trains; ``BASE_MODULE`` is a decoder without a head
-    (``LlamaModel``); ``CUSTOM`` marks a user's own class (seed 001's custom-model
+    (``LlamaModel``); ``CUSTOM`` marks a user's own class (EasyDeL's RayDistributedTrainer documentation's custom-model
     example), which the trainer trains like a causal LM.
     """
 

@@ -3,7 +3,7 @@ initialised by one compiled program.
 
 Why: XLA compiles a model's initialiser as one program whose size grows with depth, and
 its GPU compile time grows faster than that (Llama-3.2-1B on an H100: 1 layer 2.1 s,
-4 layers 7.3 s, 16 layers 74 s; ../shared/gpu/README.md). Layer ``i`` here is built from
+4 layers 7.3 s, 16 layers 74 s; measured on 2026-11-22, docs/benchmarks.md). Layer ``i`` here is built from
 ``fold_in(key, i)``, a key drawn once from the model's ``rngs``, so its values do not
 depend on how many random numbers the layers before it drew. That lets
 :func:`scaletrain.models.factory.create_sharded_model` build the model without its layers

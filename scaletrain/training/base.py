@@ -359,7 +359,7 @@ class BaseTrainer(BaseTrainerProtocol):
         return state
 
     def starting_state(self, state: TrainState | None = None, model_parameters: Any = None) -> TrainState:
-        """What ``train(model_parameters=, state=)`` starts from (seed 003), placed like the built state.
+        """What ``train(model_parameters=, state=)`` starts from (EasyDeL's protocol), placed like the built state.
 
         ``state`` replaces the state built at init (same class and parameter shapes;
         its optimizer state is kept when its structure matches, as for ``model_state=``);

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 class TrainerOutput(NamedTuple):
     """What ``train()`` returns: final state, mesh, and where the last checkpoint went.
 
-    It pickles (Ray returns it from a remote ``train()``, seed 001's worker example):
+    It pickles (Ray returns it from a remote ``train()``, as in EasyDeL's Ray worker example):
     the state's arrays travel as numpy arrays on the host, in the state's own class
     (a custom ``state_class`` stays itself, ``graphdef`` and all), and the mesh, whose
     devices belong to the sending process, travels as a ``jax.sharding.AbstractMesh``
@@ -69,8 +69,8 @@ class TrainerConfigureFunctionOutput(_FunctionFields):
     """The jitted steps, the mesh and the checkpoint manager.
 
     Both spellings of the seeds work, in the constructor and as attributes: EasyDeL's
-    ``Trainer`` (seed 002) names the steps ``sharded_training_step_function`` /
-    ``sharded_evaluation_step_function``, the protocol's documentation (seed 003)
+    ``Trainer`` (EasyDeL's Trainer) names the steps ``sharded_training_step_function`` /
+    ``sharded_evaluation_step_function``, the protocol's documentation (EasyDeL's BaseTrainerProtocol)
     ``train_step_fn`` / ``eval_step_fn``, and builds it from those two alone.
     """
 
@@ -108,7 +108,7 @@ def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
 
 
 class TrainerConfigureModelOutput(NamedTuple):
-    """Seed 003 builds it from ``model`` and ``state`` alone; ``Trainer`` also returns its optimizer and schedule."""
+    """EasyDeL's protocol builds it from ``model`` and ``state`` alone; ``Trainer`` also returns its optimizer and schedule."""
 
     model: Any
     state: Any
@@ -117,7 +117,7 @@ class TrainerConfigureModelOutput(NamedTuple):
 
 
 class TrainerConfigureDataloaderOutput(NamedTuple):
-    """Seed 003 builds it from the two loaders alone; ``Trainer`` also returns its step horizons."""
+    """EasyDeL's protocol builds it from the two loaders alone; ``Trainer`` also returns its step horizons."""
 
     dataloader_train: Any
     dataloader_eval: Any = None
@@ -126,15 +126,15 @@ class TrainerConfigureDataloaderOutput(NamedTuple):
 
 
 class BaseTrainerProtocol(abc.ABC):
-    """Methods and properties of a trainer (names from EasyDeL's protocol, seed 003).
+    """Methods and properties of a trainer (names from EasyDeL's protocol, BaseTrainerProtocol).
 
     The methods are abstract. The required properties are declared as annotations, not
-    abstract properties: seed 003's skeleton assigns them in ``__init__``
+    abstract properties: EasyDeL's BaseTrainerProtocol's skeleton assigns them in ``__init__``
     (``self.arguments = arguments``), which an abstract read-only property would
     refuse; ``BaseTrainer`` provides them as read-only properties.
-    ``train(model_parameters=None, state=None)`` takes seed 003's two optional
-    starting points; what it returns is seed 002's ``TrainerOutput`` (its ``state``
-    is what seed 003's ``train`` returns).
+    ``train(model_parameters=None, state=None)`` takes EasyDeL's BaseTrainerProtocol's two optional
+    starting points; what it returns is EasyDeL's Trainer's ``TrainerOutput`` (its ``state``
+    is what EasyDeL's BaseTrainerProtocol's ``train`` returns).
     """
 
     arguments: Any
@@ -154,7 +154,7 @@ class BaseTrainerProtocol(abc.ABC):
     def evaluate(self, state: Any = None, metric_calculator: Callable | None = None) -> dict[str, float]: ...
 
     def eval(self, model_state: Any) -> Iterator[dict[str, float]]:
-        """Running metrics per eval batch: seed 002's ``Trainer`` has it, seed 003 does not require it."""
+        """Running metrics per eval batch: EasyDeL's ``Trainer`` has it, its protocol does not require it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement eval(); use evaluate()")
 
     @abc.abstractmethod

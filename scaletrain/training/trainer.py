@@ -37,7 +37,7 @@ class Trainer(BaseTrainer):
     def train(self, model_parameters: Any = None, state: TrainState | None = None) -> TrainerOutput:
         """Resume if the policy says so, step until a stop rule fires, save, evaluate, summarise.
 
-        ``model_parameters`` / ``state`` (seed 003's protocol) replace the starting
+        ``model_parameters`` / ``state`` (EasyDeL's BaseTrainerProtocol's protocol) replace the starting
         parameters / state built at init (:meth:`starting_state`). ``output_dir``'s lock
         is held throughout (taken again if an earlier ``train()`` let go of it) and
         released however the run ends.
@@ -200,7 +200,7 @@ class Trainer(BaseTrainer):
 
     # ---- outputs ---------------------------------------------------------------------
     def save_pretrained(self, ckpt_path: str, state: TrainState | None = None) -> str:
-        """Save ``state`` (default: the current one) so it can be used and trained on (seed 003); returns ``ckpt_path``.
+        """Save ``state`` (default: the current one) so it can be used and trained on (EasyDeL's protocol); returns ``ckpt_path``.
 
         ``ckpt_path`` becomes a Hugging Face folder (config.json, safetensors, the
         tokenizer) that transformers loads, and ``ckpt_path/checkpoints/<step>`` holds

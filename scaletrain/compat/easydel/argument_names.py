@@ -23,7 +23,7 @@ RENAMED: dict[str, str] = {
     "save_directory": "output_dir",
     "max_sequence_length": "max_length",
     "do_last_save": "save_at_end",
-    # seed 001's resume example
+    # EasyDeL's RayDistributedTrainer documentation's resume example
     "total_steps": "max_training_steps",
     "batch_size": "total_batch_size",
     # Hugging Face Trainer (and TRL's max_seq_length)
