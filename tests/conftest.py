@@ -56,11 +56,11 @@ def ray_instance() -> None:
     """
 
 
-def _wants_ray(item) -> bool:
+def _wants_ray(item: pytest.Item) -> bool:
     return "ray_instance" in getattr(item, "fixturenames", ())
 
 
-def pytest_runtest_setup(item):
+def pytest_runtest_setup(item: pytest.Item) -> None:
     if _wants_ray(item):
         import ray
 
@@ -68,7 +68,7 @@ def pytest_runtest_setup(item):
             ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
 
 
-def pytest_runtest_teardown(item, nextitem):
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the in-process Ray instance after the last of a run of tests that ask for it."""
     if _wants_ray(item) and (nextitem is None or not _wants_ray(nextitem)):
         import ray
