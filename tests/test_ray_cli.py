@@ -1,8 +1,10 @@
 """The command line on Ray: `scaletrain train RECIPE ray.num_workers=2` and `scaletrain sweep`.
 
 Each command runs in a subprocess, as a user's would: the training joins a Ray instance
-started beforehand (`ray.address=auto`), the sweep starts and stops its own local one; the recipe is examples/sweep.yaml (the one docs/distributed.md
-uses), shrunk by overrides.
+started beforehand (`ray.address=auto`); the sweep's first run starts and stops its own local
+one and its re-run joins the instance the training used (`--address auto`), so the module
+starts two Ray instances rather than three. The recipe is examples/sweep.yaml (the one
+docs/distributed.md uses), shrunk by overrides.
 """
 
 import json
@@ -39,9 +41,10 @@ ray.shutdown()
 """
 
 
-@pytest.fixture
-def running_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def running_cluster(tmp_path_factory):
     """A Ray instance started outside the CLI (as a user's cluster), stopped through its own driver."""
+    tmp_path = tmp_path_factory.mktemp("head")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}  # no scaletrain on it
     env["RAY_AUTH_MODE"] = "disabled"
     head = subprocess.Popen(["timeout", "-s", "KILL", "600", sys.executable, "-c", HEAD], stdin=subprocess.PIPE,
@@ -68,7 +71,7 @@ def test_train_recipe_on_two_ray_workers(tmp_path, running_cluster):
     assert len(attempts) == 1 and json.loads(attempts[0])["processes"] == 2
 
 
-def test_sweep_reports_failures_and_resumes(tmp_path):
+def test_sweep_reports_failures_and_resumes(tmp_path, running_cluster):
     first = _scaletrain(
         "sweep", RECIPE, "--scaling-indices", "1,2,3", "--num-cpus", "2", *TINY, "training.output_dir=ladder",
         'sweep.member_overrides={2: ["data.source=/nonexistent/*.txt"], 3: ["training.exit_iteration_this_run=2"]}',
@@ -84,8 +87,9 @@ def test_sweep_reports_failures_and_resumes(tmp_path):
     assert "1 member(s) failed: [2]" in first.stderr
     first_summary = (tmp_path / "ladder" / "member-1" / "summary.json").stat().st_mtime_ns
 
-    second = _scaletrain("sweep", RECIPE, "--scaling-indices", "1,2,3", "--num-cpus", "2", *TINY,
-                         "training.output_dir=ladder", cwd=tmp_path)
+    # the re-run joins the running cluster (`--address auto`, found through RAY_ADDRESS): members run there too
+    second = _scaletrain("sweep", RECIPE, "--scaling-indices", "1,2,3", "--address", "auto", *TINY,
+                         "training.output_dir=ladder", cwd=tmp_path, RAY_ADDRESS=running_cluster)
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
     report = json.loads((tmp_path / "ladder" / "sweep.json").read_text())
     status = {m["scaling_index"]: m for m in report["members"]}

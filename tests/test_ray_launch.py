@@ -1,6 +1,7 @@
 """Real multi-process training on Ray Train (CPU), driven by the examples of docs/distributed.md.
 
-One local Ray instance (2 logical CPUs) serves the module; each launch starts two JAX
+One local Ray instance (2 logical CPUs, tests/conftest.py's ``ray_instance``) serves the
+module and the in-process launches of tests/test_ray_signals.py; each launch starts two JAX
 processes with one CPU device each (the test process's 8 fake devices are not
 inherited: the launcher sets the workers' XLA_FLAGS).
 """
@@ -20,15 +21,6 @@ from docs_testing import doc_blocks, python_blocks  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 DOC = "docs/distributed.md"
-
-
-@pytest.fixture(scope="module")
-def ray_instance():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -121,20 +113,50 @@ def test_two_workers_match_one_process(docs_run, tmp_path):
     assert result.summary["final_eval_loss"] == pytest.approx(ref_summary["final_eval_loss"], rel=2e-5)
 
 
-def test_killed_worker_restarts_from_checkpoint(docs_run):
+@pytest.fixture(scope="module")
+def preempted_then_killed(docs_run):
+    """One run that a SIGTERMed worker stops, then resumed by the doc's restart example, whose worker is SIGKILLed.
+
+    The doc's `ray-restart` block runs on the folder the preempted run left (with
+    ``resume_if_possible``), so one resumed launch shows both that a preempted run continues
+    from its stop checkpoint and that a killed worker's group restarts from a checkpoint, each
+    ending at the uninterrupted run's ``params_sha256``: one launch fewer than resuming the
+    preempted run on its own. The SIGTERM lands after step 1 or 2 (drawn per chaos seed), so
+    the stop (at that step or the next) comes before the kill after step 5.
+    """
+    from scaletrain.launch.ray import SignalWorkerOnce
+
     folder, ns = docs_run
+    seed = int(os.environ.get("SCALETRAIN_CHAOS_SEED", "1616"))  # as tests/test_chaos.py: a moment drawn per seed
+    step, rank = random.Random(seed).randint(1, 2), random.Random(seed + 1).randint(0, 1)
+    arguments = ns["arguments"].model_copy(update={"output_dir": str(folder / "runs" / "ray-demo-killed")})
+    stopped = ns["trainer"].launch(num_workers=2, arguments=arguments, dataset_train=ns["train_rows"],
+                                   dataset_eval=ns["eval_rows"], callbacks=[SignalWorkerOnce(step=step, rank=rank)])
+    print(f"\nchaos seed {seed}: SIGTERM to worker {rank} after step {step} -> {stopped.summary['stop_reason']!r}")
+    lines_before = len(_metric_lines(stopped.output_dir))
     old = os.getcwd()
     os.chdir(folder)
     try:
-        exec(doc_blocks(DOC)["ray-restart"], ns)  # asserts restarts == 1 and the same params_sha256
+        resumable = {**ns, "arguments": ns["arguments"].model_copy(update={"resume_if_possible": True})}
+        exec(doc_blocks(DOC)["ray-restart"], resumable)  # asserts restarts == 1 and the same params_sha256
     finally:
         os.chdir(old)
-    killed = ns["killed"]
+    return {"step": step, "stopped": stopped, "killed": resumable["killed"], "lines_before": lines_before}
+
+
+def _metric_lines(folder) -> list[dict]:
+    return [json.loads(x) for x in open(os.path.join(folder, "metrics.jsonl"))]
+
+
+def test_killed_worker_restarts_from_checkpoint(docs_run, preempted_then_killed):
+    folder, _ = docs_run
+    killed = preempted_then_killed["killed"]
     marker = folder / "runs" / "killed-once.txt"
     restart_s = killed.attempts[1]["jax_ready"] - os.path.getmtime(marker)
     print(f"\nworker SIGKILLed after step 5 -> new group in jax.distributed after {restart_s:.1f}s; "
           f"resumed from {killed.summary['resumed_from']}; launch took {killed.elapsed_s:.1f}s")
-    lines = [json.loads(x) for x in open(os.path.join(killed.output_dir, "metrics.jsonl"))]
+    assert killed.restarts == 1 and killed.summary["resumed_from"].endswith("checkpoints/4")  # as the doc asserts
+    lines = _metric_lines(killed.output_dir)
     assert [r["step"] for r in lines if r["split"] == "train"][-2:] == [5, 6]  # steps 5-6 ran again
     # one marker where the restarted group resumed, before the steps it redoes (issue 16 item 12)
     marks = [i for i, r in enumerate(lines) if r["split"] == "restart"]
@@ -147,25 +169,21 @@ def test_killed_worker_restarts_from_checkpoint(docs_run):
     assert steps == sorted(set(steps))  # the reader keeps one record per step
 
 
-def test_sigterm_to_a_worker_stops_with_a_checkpoint_and_resumes_exactly(docs_run):
+def test_sigterm_to_a_worker_stops_with_a_checkpoint_and_resumes_exactly(docs_run, preempted_then_killed):
     """Issue 16 item 4: a preempted worker (SIGTERM) stops every process at one step, with a checkpoint."""
-    from scaletrain.launch.ray import SignalWorkerOnce
     from scaletrain.training.checkpoint import step_folders
 
-    folder, ns = docs_run
-    seed = int(os.environ.get("SCALETRAIN_CHAOS_SEED", "1616"))  # as tests/test_chaos.py: a moment drawn per seed
-    step, rank = random.Random(seed).randint(1, 3), random.Random(seed + 1).randint(0, 1)
-    arguments = ns["arguments"].model_copy(update={"output_dir": str(folder / "runs" / "sigterm")})
-    run = lambda **kw: ns["trainer"].launch(  # noqa: E731
-        num_workers=2, dataset_train=ns["train_rows"], dataset_eval=ns["eval_rows"], **kw)
-    stopped = run(arguments=arguments, callbacks=[SignalWorkerOnce(step=step, rank=rank)])
+    _, ns = docs_run
+    step, stopped = preempted_then_killed["step"], preempted_then_killed["stopped"]
     summary = stopped.summary
-    print(f"\nchaos seed {seed}: SIGTERM to worker {rank} after step {step} -> {summary['stop_reason']!r}")
     assert stopped.restarts == 0  # a clean stop, not a failure
     assert "SIGTERM (JAX preemption notice)" in summary["stop_reason"]
-    assert step <= summary["final_step"] < 6
+    assert step <= summary["final_step"] < 5  # before the resumed run's kill after step 5
     assert summary["final_step"] in step_folders(os.path.join(stopped.output_dir, "checkpoints"))
-    resumed = run(arguments=arguments.model_copy(update={"resume_if_possible": True}))
-    assert resumed.summary["resumed_from"].endswith(f"checkpoints/{summary['final_step']}")
-    assert resumed.summary["final_step"] == 6
-    assert resumed.summary["params_sha256"] == ns["result"].summary["params_sha256"]
+    # the resumed launch continued from the stop checkpoint: its first logged step is the next one
+    resumed = [r for r in _metric_lines(stopped.output_dir)[preempted_then_killed["lines_before"]:]
+               if r["split"] == "train"]
+    assert resumed[0]["step"] == summary["final_step"] + 1
+    killed = preempted_then_killed["killed"]
+    assert killed.summary["final_step"] == 6
+    assert killed.summary["params_sha256"] == ns["result"].summary["params_sha256"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,6 +78,57 @@ def _signal_cli(tmp_path, sig, after_step, *overrides):
     return proc.returncode, out + err, summary
 
 
+# ---- in-process launches on tests/conftest.py's Ray instance -------------------------------------
+# First in the file: they share the instance test_ray_launch.py's tests leave running (it stops
+# after the last consecutive test that asks for it, before the CLI tests below need none).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
+
+
+@dataclass
+class FailingJob:
+    """A job whose worker ``rank`` raises: a user error (``DataError``) or a crash (``RuntimeError``)."""
+
+    user_error: bool
+    rank: int = 1
+
+    def __call__(self, callbacks):
+        import jax
+
+        from scaletrain.errors import DataError
+
+        if jax.process_index() == self.rank:
+            if self.user_error:
+                raise DataError("data.source 'corpus/*.txt' has no rows (raised on a worker)")
+            raise RuntimeError("boom on purpose")
+        return {}
+
+
+def _attempts(folder):
+    return _records(folder / "ray_attempts.jsonl")
+
+
+def test_user_error_on_a_worker_is_not_retried(ray_instance, tmp_path):
+    from scaletrain.launch.ray.launcher import launch_on_ray
+    from scaletrain.errors import DataError
+
+    with pytest.raises(DataError, match="has no rows"):
+        launch_on_ray(FailingJob(user_error=True), num_workers=2, output_dir=str(tmp_path), max_failures=2)
+    assert len(_attempts(tmp_path)) == 1  # before: 3 attempts (max_failures=2 retries), then the error
+
+
+def test_exhausted_restarts_give_one_message(ray_instance, tmp_path):
+    from scaletrain.launch.ray.failures import WorkersFailedError
+    from scaletrain.launch.ray.launcher import launch_on_ray
+
+    with pytest.raises(WorkersFailedError) as info:
+        launch_on_ray(FailingJob(user_error=False), num_workers=2, output_dir=str(tmp_path), max_failures=1)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 600, message  # before: ~390 lines of WorkerGroupError
+    assert "2 time(s), more than ray.max_failures=1" in message
+    assert "rank 1: RuntimeError: boom on purpose" in message and "no checkpoint was saved" in message
+    assert [a["attempt"] for a in _attempts(tmp_path)] == [1, 2]
+
+
 def test_driver_sigint_stops_the_workers_with_a_checkpoint(tmp_path):
     """Before: rc 1, no stop checkpoint (SIGINT printed nothing). After: rc 0, a checkpoint and a stop_reason."""
     rc, text, summary = _signal_cli(tmp_path, signal.SIGINT, 2)
@@ -121,8 +172,8 @@ def test_user_errors_found_without_a_worker(tmp_path):
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]  # one line
     assert "ray.address='auto': no Ray cluster could be reached" in res.stderr
 
-    from scaletrain.errors import ConfigError, DataError
     from scaletrain.launch import run_recipe
+    from scaletrain.errors import ConfigError, DataError
     from scaletrain.recipe import Recipe
 
     run = tmp_path / "checked"
@@ -133,59 +184,3 @@ def test_user_errors_found_without_a_worker(tmp_path):
         with pytest.raises(error, match=text):
             run_recipe(recipe)
     assert not run.exists()  # refused before Ray started a worker (which creates output_dir/ray)
-
-
-# ---- in-process launches on one Ray instance ---------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_instance():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
-    yield
-    ray.shutdown()
-
-
-@dataclass
-class FailingJob:
-    """A job whose worker ``rank`` raises: a user error (``DataError``) or a crash (``RuntimeError``)."""
-
-    user_error: bool
-    rank: int = 1
-
-    def __call__(self, callbacks):
-        import jax
-
-        from scaletrain.errors import DataError
-
-        if jax.process_index() == self.rank:
-            if self.user_error:
-                raise DataError("data.source 'corpus/*.txt' has no rows (raised on a worker)")
-            raise RuntimeError("boom on purpose")
-        return {}
-
-
-def _attempts(folder):
-    return _records(folder / "ray_attempts.jsonl")
-
-
-def test_user_error_on_a_worker_is_not_retried(ray_instance, tmp_path):
-    from scaletrain.errors import DataError
-    from scaletrain.launch.ray.launcher import launch_on_ray
-
-    with pytest.raises(DataError, match="has no rows"):
-        launch_on_ray(FailingJob(user_error=True), num_workers=2, output_dir=str(tmp_path), max_failures=2)
-    assert len(_attempts(tmp_path)) == 1  # before: 3 attempts (max_failures=2 retries), then the error
-
-
-def test_exhausted_restarts_give_one_message(ray_instance, tmp_path):
-    from scaletrain.launch.ray.failures import WorkersFailedError
-    from scaletrain.launch.ray.launcher import launch_on_ray
-
-    with pytest.raises(WorkersFailedError) as info:
-        launch_on_ray(FailingJob(user_error=False), num_workers=2, output_dir=str(tmp_path), max_failures=1)
-    message = str(info.value)
-    assert "\n" not in message and len(message) < 600, message  # before: ~390 lines of WorkerGroupError
-    assert "2 time(s), more than ray.max_failures=1" in message
-    assert "rank 1: RuntimeError: boom on purpose" in message and "no checkpoint was saved" in message
-    assert [a["attempt"] for a in _attempts(tmp_path)] == [1, 2]
