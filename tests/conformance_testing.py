@@ -28,6 +28,13 @@ from scaletrain.errors import ConfigError
 from scaletrain.models.registry import AutoModelForCausalLM, get_modules_by_type, registered_model_types
 from hf_testing import GEMMA3_LOCAL_GLOBAL, LLAMA3_ROPE, hf_model, save_hf
 
+#: every linear layer but the head, norms trained too, rsLoRA scaling: what PEFT must reproduce
+LORA_ALL_LINEAR = dict(target_modules="all-linear", rank=4, alpha=8, rslora=True, train_norms=True)
+#: the attention projections only: transformers' experts are fused 3-d tensors and its router no
+#: nn.Linear, so PEFT's "all-linear" does not name the layers ours does in an MoE block
+LORA_ATTENTION = dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], rank=4, alpha=8, rslora=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class FamilyCase:
     """How one family is checked: transformers config overrides, our load options, extra variants."""
@@ -35,6 +42,8 @@ class FamilyCase:
     hf: dict[str, Any]
     load: dict[str, Any] = dataclasses.field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: LoRAConfig fields of the LoRA check: adapters on every linear layer and trained norms (rsLoRA)
+    lora: dict[str, Any] = dataclasses.field(default_factory=lambda: dict(LORA_ALL_LINEAR))
 
 
 FAMILIES: dict[str, FamilyCase] = {
@@ -68,11 +77,11 @@ FAMILIES: dict[str, FamilyCase] = {
     "mixtral": FamilyCase(
         hf=dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
                 sliding_window=8, tie_word_embeddings=True),
-        load=dict(sharding_axis_dims=(1, 2, 4, 1, 1))),
+        load=dict(sharding_axis_dims=(1, 2, 4, 1, 1)), lora=LORA_ATTENTION),
     # top-3 of 8 small experts, not renormalised, head_dim != hidden / heads, attention biases
     "qwen3_moe": FamilyCase(hf=dict(intermediate_size=96, moe_intermediate_size=16, num_experts=8,
                                     num_experts_per_tok=3, head_dim=24, norm_topk_prob=False, attention_bias=True,
-                                    router_aux_loss_coef=0.05)),
+                                    router_aux_loss_coef=0.05), lora=LORA_ATTENTION),
 }
 
 
