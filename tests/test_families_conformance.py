@@ -8,11 +8,12 @@ Family-specific checks (MoE routing and expert parallelism, Gemma's soft-cap los
 options) stay in test_moe.py, test_families_dense.py and test_hf_parity.py.
 
 Tolerances: our logits vs transformers' are :data:`hf_testing.TOL` (1e-4 of the largest
-logit): two implementations of the same float32 maths whose matmuls, softmax and norms sum
-in different orders. Between two of our own forwards of the same shapes the arithmetic is
-the same, so equality is exact; where only the slot of a token in the row or the layer
-loop (scan vs unrolled) changes, XLA may order float32 sums differently: 1e-5, one tenth
-of the parity bound and about 100 float32 ulps of the largest logit.
+logit; measured at most 4e-6): two implementations of the same float32 maths whose matmuls,
+softmax and norms sum in different orders. Between two of our own forwards that run the same
+arithmetic on the same slots, equality is exact (a masked key weighs an exact 0). Where a
+token moves to another slot of the row, or the layers run in a scan instead of unrolled, XLA
+may order float32 sums differently, so the bounds are a few times what was measured and
+still below the parity bound: see :data:`MOVED_TOL` and :data:`SCAN_TOL`.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ from hf_testing import (
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-#: our forward vs our forward where only slots or the layer loop differ (see the module docstring)
-SAME_MATHS_TOL = 1e-5
+#: a document alone at the start of a row vs the same document later in a packed row: measured at most
+#: 1.1e-6 of the largest logit (Gemma 3), so 1e-5
+MOVED_TOL = 1e-5
+#: scanned vs unrolled layers, the same float32 arithmetic fused differently: measured at most 4.7e-6
+#: (Gemma 3, whose stacked layers pick their kind with a lax.cond), 1.4e-6 elsewhere, so 2e-5
+SCAN_TOL = 2e-5
 
 
 def test_every_registered_family_has_a_configuration() -> None:
@@ -60,7 +65,8 @@ def test_every_registered_family_has_a_configuration() -> None:
     registered = causal_lm_types()
     for model_type in registered:
         family_case(model_type)  # fails naming the file and the entry to add
-    assert not set(FAMILIES) - set(registered), f"FAMILIES rows for unregistered types: {set(FAMILIES) - set(registered)}"
+    stale = set(FAMILIES) - set(registered)
+    assert not stale, f"tests/conformance_testing.py FAMILIES has rows for unregistered model types: {stale}"
 
 
 @pytest.fixture(scope="module", params=causal_lm_types())
@@ -134,13 +140,13 @@ def test_packed_rows_equal_separate_rows(family: Loaded) -> None:
     alone = forward(alone_ids, segment_ids=alone_segments, positions=alone_positions)
     for row, spans in enumerate(docs):
         (_, first_end), (start, end) = spans
-        # the packed path (segment mask) vs the plain causal one; slots and shapes equal
-        prefix = rel_diff(packed[row, :first_end], unpacked[row, :first_end])
+        # the packed path (segment mask) vs the plain causal one, same slots: the same arithmetic
+        np.testing.assert_array_equal(packed[row, :first_end], unpacked[row, :first_end])
         # the second document moved to slot 0: the same values, summed in other slots
         moved = rel_diff(packed[row, start:end], alone[row, :end - start])
-        print(f"{family.name} row {row}: packed vs unpacked {prefix:.1e}, vs alone {moved:.1e}")
-        assert prefix < SAME_MATHS_TOL and moved < SAME_MATHS_TOL
-    assert rel_diff(packed[0, 23:], unpacked[0, 23:]) > 100 * SAME_MATHS_TOL  # the boundary matters
+        print(f"{family.name} row {row}: second document packed vs alone {moved:.1e}")
+        assert moved < MOVED_TOL
+    assert rel_diff(packed[0, 23:], unpacked[0, 23:]) > 100 * MOVED_TOL  # the boundary matters
 
 
 def test_future_tokens_do_not_change_earlier_logits(family: Loaded) -> None:
@@ -173,7 +179,7 @@ def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:
     ids = token_ids()
     diff = rel_diff(our_logits(scanned, ids), _forward(family)(ids))
     print(f"{family.name}: scanned vs unrolled {diff:.1e}")
-    assert diff < SAME_MATHS_TOL
+    assert diff < SCAN_TOL
     assert_greedy_generation_matches(scanned, family.ref, new_tokens=6)
     load_back_unchanged(scanned.save_pretrained(str(tmp_path / "export")), family.ref)
 
@@ -204,15 +210,13 @@ def test_export_round_trip(family: Loaded, tmp_path) -> None:
 def test_lora_adapters_load_in_peft(family: Loaded, tmp_path) -> None:
     """Adapters as the table says (every linear layer and the norms for dense families), moved away from
     B = 0: they change our logits, and the PEFT folder we write gives those logits in peft on
-    transformers' model and the very adapter values back in ours."""
+    transformers' model (reading a PEFT folder back is test_lora.py's)."""
     peft = pytest.importorskip("peft")
     from scaletrain.models.lora import LoRAConfig, apply_lora, split_trainable
-    from scaletrain.models.peft_adapter import load_peft_adapter, save_peft_adapter
+    from scaletrain.models.peft_adapter import save_peft_adapter
 
-    def base() -> nnx.Module:
-        return AutoModelForCausalLM.from_pretrained(family.folder, **family.load)
-
-    model = apply_lora(base(), LoRAConfig(**FAMILIES[family.name].lora))
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(family.folder, **family.load),
+                       LoRAConfig(**FAMILIES[family.name].lora))
     _, trainable, _ = split_trainable(model)
     keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(trainable))))
     nnx.update(model, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), trainable))
@@ -223,9 +227,3 @@ def test_lora_adapters_load_in_peft(family: Loaded, tmp_path) -> None:
     reference = transformers.AutoModelForCausalLM.from_pretrained(family.folder, dtype=torch.float32).eval()
     loaded = peft.PeftModel.from_pretrained(reference, folder).eval()
     assert_logits_match(f"{family.name}-lora-peft", ours, hf_logits(loaded, ids))
-    # back onto a fresh base: the very adapter values (so the very logits, without compiling them again)
-    _, again, _ = split_trainable(load_peft_adapter(base(), folder))
-    _, trained, _ = split_trainable(model)
-    assert jax.tree.structure(again) == jax.tree.structure(trained)
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(again),
-                                                                           jax.tree.leaves(trained)))
