@@ -69,6 +69,13 @@ def test_every_registered_family_has_a_configuration() -> None:
     assert not stale, f"tests/conformance_testing.py FAMILIES has rows for unregistered model types: {stale}"
 
 
+def test_a_family_without_a_row_fails_naming_what_to_add(monkeypatch) -> None:
+    """What a contributor who registers a family and adds no row sees, in every check of that family."""
+    monkeypatch.delitem(FAMILIES, "mistral")
+    with pytest.raises(pytest.fail.Exception, match=r"'mistral' is registered .* add FAMILIES\['mistral'\]"):
+        family_case("mistral")
+
+
 @pytest.fixture(scope="module", params=causal_lm_types())
 def family(request, tmp_path_factory) -> Loaded:
     """The family's table configuration: transformers' model and ours from its saved folder, once per family."""
