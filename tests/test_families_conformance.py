@@ -174,7 +174,7 @@ def test_greedy_generation_matches_transformers(family: Loaded) -> None:
 
 def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:
     """The same folder loaded with ``scan_layers=True``: the unrolled model's parameters stacked, its
-    logits, transformers' greedy tokens (the decoding scan over a stacked cache), and an export
+    logits (and transformers'), transformers' greedy tokens (the decoding scan over a stacked cache), and an export
     that is transformers' very tensors."""
     scanned = AutoModelForCausalLM.from_pretrained(family.folder, **family.load, scan_layers=True)
     assert "stack" in nnx.to_pure_dict(nnx.state(scanned))["model"]["layers"]
@@ -184,9 +184,11 @@ def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(got),
                                                                            jax.tree.leaves(want)))
     ids = token_ids()
-    diff = rel_diff(our_logits(scanned, ids), _forward(family)(ids))
+    logits = our_logits(scanned, ids)
+    diff = rel_diff(logits, _forward(family)(ids))
     print(f"{family.name}: scanned vs unrolled {diff:.1e}")
     assert diff < SCAN_TOL
+    assert_logits_match(f"{family.name}-scanned", logits, hf_logits(family.ref, ids))
     assert_greedy_generation_matches(scanned, family.ref, new_tokens=6)
     load_back_unchanged(scanned.save_pretrained(str(tmp_path / "export")), family.ref)
 
