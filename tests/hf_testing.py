@@ -31,6 +31,10 @@ TINY = dict(
     eos_token_id=2,
 )
 
+#: llama3's frequency bands, with an original context (32) shorter than the tests' rows (40)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+
 #: Gemma 3's layer kinds in one small model: local, local, global (the legacy
 #: ``sliding_window_pattern`` key), windows of 8 tokens (shorter than the tests' rows and prompts),
 #: each kind its own RoPE (the global one linearly scaled by 8, as in the 4B+ configs), the
@@ -55,21 +59,15 @@ def unstacked(tree: dict) -> dict:
 
 
 def hf_model(family: str, seed: int = 0, **overrides: Any) -> Any:
-    """A transformers causal LM of ``family`` with all parameters random (float32, eval mode)."""
+    """A transformers causal LM of ``family`` (a model_type) with all parameters random (float32, eval mode).
+
+    Built through transformers' own auto classes, so any family transformers knows needs no entry here."""
     import torch
     import transformers
 
-    config_class, model_class = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
-        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
-        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
-    }[family]
     torch.manual_seed(seed)
-    model = model_class(config_class(**{**TINY, **overrides})).eval()
+    config = transformers.AutoConfig.for_model(family, **{**TINY, **overrides})
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

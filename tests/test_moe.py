@@ -1,11 +1,10 @@
-"""Mixtral and Qwen3-MoE: transformers parity, router losses, expert parallelism, a recipe run.
+"""Mixtral and Qwen3-MoE: router losses, parameter and FLOP counts, expert parallelism, a recipe run.
 
-transformers (torch CPU, float32) is the oracle: each family's reference model is
-built by it once (random weights, every parameter randomised) and serves the logits,
-16-token greedy generation, save_pretrained round trip and auxiliary-loss checks.
-Mixtral is loaded on an ``ep`` mesh, so its checks also run the expert-parallel
-dispatch of batches too small to split over ``ep``; the train-step test runs the
-all-to-all dispatch on three meshes against one device.
+transformers (torch CPU, float32) is the oracle: each family's reference model, in the
+conformance suite's configuration (Mixtral on an ``ep`` mesh), serves the auxiliary-loss
+and parameter-count checks; the train-step test runs the all-to-all dispatch on three
+meshes against one device. Logits, generation, packing, scanned layers, the export round
+trip and LoRA are checked for both families in test_families_conformance.py.
 """
 
 from __future__ import annotations
@@ -26,22 +25,14 @@ from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError
 from scaletrain.models.factory import place_model
 from scaletrain.models.hf_config import config_from_hf
-from scaletrain.models.mixtral import MixtralConfig
-from scaletrain.models.mixtral import MixtralForCausalLM
-from scaletrain.models.registry import AutoModelForCausalLM
+from scaletrain.models.mixtral import MixtralConfig, MixtralForCausalLM
+from scaletrain.objectives import LanguageModelObjective
 from scaletrain.parallel import create_mesh
 from scaletrain.training.optim import make_optimizer, make_schedule
 from scaletrain.training.state import TrainState, create_train_state, state_shardings
-from scaletrain.objectives import LanguageModelObjective
 from scaletrain.training.steps import make_step_functions, train_step
-from hf_testing import (
-    TINY,
-    assert_greedy_generation_matches,
-    assert_logits_match,
-    hf_model,
-    load_back_unchanged,
-    save_hf,
-)
+from conformance_testing import FAMILIES, load_case, token_ids
+from hf_testing import TINY, assert_logits_match
 from test_sharding import PLAIN_SGD, assert_same_sgd_updates
 
 torch = pytest.importorskip("torch")
@@ -49,39 +40,22 @@ transformers = pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {k: v for k, v in TINY.items() if k != "intermediate_size"}
-# (config, the mesh we load it on). Mixtral: top-2 of 4, renormalised, a sliding
-# window shorter than the batches, tied head, on fsdp=2 x ep=4; Qwen3-MoE: top-3 of 8 small experts,
-# not renormalised, head_dim != hidden/heads, biases on the attention projections.
-FAMILIES = {
-    "mixtral": (dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
-                     sliding_window=8, tie_word_embeddings=True),
-                (1, 2, 4, 1, 1)),
-    "qwen3_moe": (dict(intermediate_size=96, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
-                       head_dim=24, norm_topk_prob=False, attention_bias=True, router_aux_loss_coef=0.05),
-                  None),
-}
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
 def case(request, tmp_path_factory):
-    """(family, transformers model, its saved folder, our model loaded from it), built once per family."""
-    overrides, dims = FAMILIES[request.param]
-    ref = hf_model(request.param, seed=3, **overrides)
-    folder = save_hf(ref, tmp_path_factory.mktemp(request.param) / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, sharding_axis_dims=dims)
-    assert model.config.model_type == request.param
-    return request.param, ref, folder, model
-
-
-def _ids(batch: int = 2, length: int = 40) -> np.ndarray:
-    return np.random.RandomState(0).randint(0, 128, (batch, length)).astype(np.int32)
+    """(family, transformers model, its saved folder, our model loaded from it) in the conformance suite's
+    configuration (Mixtral on an ep mesh), built once per family."""
+    entry = FAMILIES[request.param]
+    loaded = load_case(request.param, request.param, entry.hf, entry.load, tmp_path_factory.mktemp(request.param))
+    return request.param, loaded.ref, loaded.folder, loaded.model
 
 
 def test_logits_and_losses_match_transformers(case) -> None:
     """Logits, the balancing loss and ``loss + router_aux_loss_coef * aux`` equal transformers' on a
     right-padded batch (the padding left out of the loss and of the router statistics)."""
     name, ref, _, model = case
-    ids = _ids(3, 40)
+    ids = token_ids(3, 40)
     mask = np.ones_like(ids)
     mask[1, 29:] = 0
     mask[2, 13:] = 0
@@ -103,25 +77,6 @@ def test_logits_and_losses_match_transformers(case) -> None:
     # each real token is counted once per layer for each of its k experts
     cfg = model.config
     assert float(sums["expert_tokens"].sum()) == mask.sum() * cfg.num_hidden_layers * cfg.num_experts_per_tok
-
-
-def test_greedy_generation_matches_transformers(case) -> None:
-    _, ref, _, model = case
-    assert_greedy_generation_matches(model, ref)
-
-
-def test_round_trip_through_save_pretrained(case, tmp_path) -> None:
-    """Per-expert tensors as transformers writes them, spread over several files, read back by both."""
-    _, ref, _, model = case
-    out = model.save_pretrained(str(tmp_path / "export"), max_shard_size="40KB")
-    weight_map = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]
-    assert len(set(weight_map.values())) > 1
-    back = load_back_unchanged(out, ref)
-    assert set(back.state_dict()) == set(ref.state_dict())
-    again = AutoModelForCausalLM.from_pretrained(out)
-    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), jax.device_get(nnx.state(again, nnx.Param)),
-                        jax.device_get(nnx.state(model, nnx.Param)))
-    assert all(jax.tree.leaves(same))
 
 
 def test_parameter_count_and_active_flops(case) -> None:

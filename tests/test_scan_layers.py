@@ -1,6 +1,7 @@
 """``model.scan_layers``: the decoder layers stored as one stack and run by ``lax.scan``
 (models/scanned_layers.py) compute what the unrolled layers compute, from the same values,
-compile one layer body whatever the depth, and read and write the per-layer HF tensors."""
+and compile one layer body whatever the depth. Every family's stack against transformers (its
+tensors in and out, logits, greedy tokens) is in test_families_conformance.py."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ import pytest
 from flax import nnx
 
 import scaletrain as st
-from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.errors import CheckpointError
 from scaletrain.models import factory
 from scaletrain.models.config import LlamaConfig
-from scaletrain.models.registry import AutoModelForCausalLM, get_modules_by_type
+from scaletrain.models.registry import get_modules_by_type
 from scaletrain.objectives import LanguageModelObjective
 from flash_testing import assert_same_loss_and_grads
-from hf_testing import (GEMMA3_LOCAL_GLOBAL, assert_greedy_generation_matches, assert_logits_match, hf_logits, hf_model,
-                        our_logits, save_hf, unstacked)
+from hf_testing import unstacked
 
 SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
@@ -98,27 +98,6 @@ def test_the_step_holds_one_layer_body_whatever_the_depth():
     """The unrolled forward and backward grow by a layer's matmuls per layer; the scanned one does not."""
     assert _dots_in_step(2, True) == _dots_in_step(6, True)
     assert _dots_in_step(6, False) > _dots_in_step(2, False)
-
-
-@pytest.mark.parametrize("family,overrides", [("qwen2", {}), ("mixtral", dict(num_local_experts=4)),
-                                              ("gemma3_text", GEMMA3_LOCAL_GLOBAL)])
-def test_hugging_face_tensors_in_and_out_of_the_stack(family, overrides, tmp_path):
-    """transformers' per-layer tensors (and per-expert ones: a [layers, experts, in, out] stack) load into the
-    stack, give transformers' logits and greedy tokens, and export back to the same tensors. Gemma 3's
-    decoding scans a stacked cache through layers of both kinds."""
-    torch = pytest.importorskip("torch")
-    ref = hf_model(family, **overrides)
-    folder = save_hf(ref, tmp_path / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, scan_layers=True)
-    assert model.config.scan_layers and "stack" in nnx.to_pure_dict(nnx.state(model))["model"]["layers"]
-    ids = np.random.RandomState(0).randint(0, 128, (2, 20)).astype(np.int32)
-    assert_logits_match(f"{family}-scan", our_logits(model, ids), hf_logits(ref, ids))
-    assert_greedy_generation_matches(model, ref, new_tokens=6)
-    model.save_pretrained(str(tmp_path / "out"))
-    back = type(ref).from_pretrained(str(tmp_path / "out")).eval()
-    original = ref.state_dict()
-    for name, tensor in back.state_dict().items():
-        assert torch.equal(tensor, original[name]), name
 
 
 def _train(tmp_path, scan: bool, resume: bool = False) -> list[dict]:
