@@ -72,10 +72,12 @@ class Attention(nnx.Module):
 
     @property
     def sequence_axis(self) -> Any:
+        """The mesh axes the sequence is split over (sp: context parallelism)."""
         return active_placement().partition_axis.sequence_axis
 
     @property
     def batch_axis(self) -> Any:
+        """The mesh axes the batch is split over."""
         return active_placement().partition_axis.batch_axis
 
     @property
