@@ -54,3 +54,18 @@ def test_the_cached_forward_is_the_training_forward(scan_layers: bool) -> None:
                                         kv_valid.at[:, 9].set(False))
     last, _ = model.forward_with_cache(ids[:, 9:], positions[:, 9:], cache, jnp.int32(9), kv_valid)
     np.testing.assert_allclose(np.asarray(last[:, 0]), np.asarray(want[:, 9]), rtol=1e-5, atol=1e-5)
+
+
+def test_placement_set_after_building_reaches_the_layers() -> None:
+    """The layers keep no copy of the placement: a runtime key set on a built model's config (what loading
+    a pretrained model with ``model.attn_softmax_dtype`` does) is what its attention runs with, as if the
+    model had been built with it."""
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 8)), jnp.int32)
+    built_with = LlamaForCausalLM(LlamaConfig(**SMALL, attn_softmax_dtype="bfloat16"), rngs=nnx.Rngs(0))
+    model = LlamaForCausalLM(LlamaConfig(**SMALL), rngs=nnx.Rngs(0))
+    float32 = model.hidden_states(ids)
+    model.config.attn_softmax_dtype = "bfloat16"
+    assert model.config.placement.attn_softmax_dtype == "bfloat16"
+    bf16 = model.hidden_states(ids)
+    assert not np.allclose(np.asarray(bf16), np.asarray(float32), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(bf16), np.asarray(built_with.hidden_states(ids)))

@@ -24,6 +24,7 @@ from scaletrain.models import LlamaConfig, LlamaForCausalLM
 from scaletrain.models.config import RUNTIME_KEYS
 from scaletrain.models.kernels.fp8 import E4M3, E5M2, fp8_layer, fp8_matmul, glu_product, quantize_dequantize
 from scaletrain.models.llama import MLP
+from scaletrain.models.placement import Placement, use_placement
 from scaletrain.recipe import Recipe
 from scaletrain.run import check_pretrained_keys
 
@@ -189,12 +190,20 @@ def test_only_projections_run_in_fp8(tiny_config_kwargs):
 
     hidden_plain, logits_plain = forward()
     model.config.fp8 = True
-    layer = model.model.layers[0]
-    for dense in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                  layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-        assert fp8_layer(dense.config, dense.axes)
-    assert not fp8_layer(model.lm_head.config, model.lm_head.axes)
-    assert not fp8_layer(cfg, ("embed", None))  # an MoE router
+    layer, placement = model.model.layers[0], model.config.placement
+    assert placement.fp8 and cfg.placement.fp8  # the model's config is the one place it is read from
+    projections = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                   layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+    for dense in projections:
+        assert fp8_layer(placement, dense.axes)
+        assert not hasattr(dense, "config")  # a layer holds no config: it reads the forward's placement
+    assert not fp8_layer(placement, model.lm_head.axes)
+    assert not fp8_layer(placement, ("embed", None))  # an MoE router
+    # a layer called on its own runs under the active placement: the defaults outside a forward
+    assert not projections[0].fp8
+    with use_placement(placement):
+        assert projections[0].fp8 and not model.lm_head.fp8
+    assert Placement.of(LlamaConfig()) == Placement()  # the config's defaults are the placement's
     hidden, logits = forward()
     assert not np.allclose(np.asarray(hidden), np.asarray(hidden_plain), atol=1e-4)
     # the head is the plain float32 matmul of the (FP8-computed) hidden states
@@ -213,7 +222,8 @@ def test_fp8_mlp_keeps_gate_and_up_not_the_activation():
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 64)), jnp.bfloat16)
 
     def residuals() -> list[tuple[str, tuple[int, ...]]]:
-        vjp = jax.jit(lambda x: jax.vjp(lambda x: mlp(x), x)[1])(x)  # a new function: traced as configured now
+        with use_placement(cfg.placement):  # what a model's forward does for its layers
+            vjp = jax.jit(lambda x: jax.vjp(lambda x: mlp(x), x)[1])(x)  # a new function: traced as configured now
         leaves = jax.tree_util.tree_leaves(vjp)
         return sorted((str(r.dtype), r.shape) for r in leaves if r.size == 16 * 192)  # tokens x intermediate
 

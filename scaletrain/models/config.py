@@ -3,7 +3,9 @@
 ``LlamaConfig`` holds the architecture (the same keys as a transformers
 ``config.json``) plus the runtime placement fields that EasyDeL RayDistributedTrainer's
 ``CONFIG_VARIABLES`` pass to a config: the mesh axes, the ``PartitionAxis``,
-gradient checkpointing and attention options. Unknown keys are kept (as
+gradient checkpointing, attention options, FP8 and the layers' layout. The layers read
+those through one value, :attr:`LlamaConfig.placement` (:mod:`scaletrain.models.placement`),
+never from the config itself. Unknown keys are kept (as
 transformers does) so configs written by other tools still load; the recipe layer
 is the strict one.
 """
@@ -20,6 +22,7 @@ from pydantic import ConfigDict, StrictBool, field_validator, model_validator
 from scaletrain.config_keys import ConfigModel
 from scaletrain.errors import ConfigError
 from scaletrain.models.options import attention_implementation, remat_policy
+from scaletrain.models.placement import Placement
 from scaletrain.parallel.partition import PartitionAxis
 
 DTYPES: dict[str, Any] = {
@@ -174,6 +177,11 @@ class LlamaConfig(ConfigModel):
         return None if value is None else dtype_name(value)
 
     # ---- derived quantities -------------------------------------------------
+    @property
+    def placement(self) -> Placement:
+        """The placement fields as one frozen value: what the forward makes active for its layers."""
+        return Placement.of(self)
+
     def attention_window(self) -> int | None:
         """The attention window the model applies (None: none); Qwen2's family windows only when asked."""
         return self.sliding_window

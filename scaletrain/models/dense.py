@@ -3,7 +3,8 @@
 Every family (Llama, Gemma 3's projections, the MoE router and LoRA's adapted layers)
 builds on these, so they sit apart from any one block. Parameters are float32 by default
 (``param_dtype``) and cast to the compute ``dtype`` at use; each carries ``logical_axes``
-for :mod:`scaletrain.parallel.partition`.
+for :mod:`scaletrain.parallel.partition`. The config is read only to initialise; how the
+matmul runs (FP8 or not) is the active placement's (:mod:`scaletrain.models.placement`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jax import lax
 from scaletrain.models.config import LlamaConfig
 from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.models.kernels.fp8 import fp8_layer, fp8_matmul
+from scaletrain.models.placement import active_placement
 
 Array = jax.Array
 
@@ -51,12 +53,13 @@ class Dense(nnx.Module):
             nnx.Param(jnp.zeros((out_features,), param_dtype), logical_axes=(axes[1],)) if use_bias else None
         )
         self.dtype = dtype
-        self.precision, self.config, self.axes = precision, config, axes  # config.fp8 is read per call
+        self.precision, self.axes = precision, axes
 
     @property
     def fp8(self) -> bool:
-        """Whether this layer's matmul runs in FP8 now (read per call: see :func:`fp8_layer`)."""
-        return fp8_layer(self.config, self.axes)
+        """Whether this layer's matmul runs in FP8 under the active placement (read per call: see
+        :func:`fp8_layer`)."""
+        return fp8_layer(active_placement(), self.axes)
 
     def __call__(self, x: Array) -> Array:
         dot = fp8_matmul if self.fp8 else matmul

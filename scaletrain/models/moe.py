@@ -38,6 +38,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from scaletrain.models.dense import Dense, _init
+from scaletrain.models.placement import active_placement
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes, axis_names
 
 Array = jax.Array
@@ -273,10 +274,10 @@ class SparseMoeBlock(nnx.Module):
         self.top_k = config.num_experts_per_tok
         self.normalize = normalize
         self.precision = precision
-        self.partition_axis = config.partition_axis
 
     def __call__(self, x: Array, valid: Array) -> tuple[Array, RouterStats]:
         logits = self.gate(x)
         weights, experts, probs = route(logits, self.top_k, self.normalize)
-        out = dispatch(x, experts, weights, self.experts.kernels(), self.precision, self.partition_axis)
+        out = dispatch(x, experts, weights, self.experts.kernels(), self.precision,
+                       active_placement().partition_axis)
         return out.astype(x.dtype), router_stats(logits, probs, experts, valid)

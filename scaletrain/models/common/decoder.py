@@ -27,6 +27,7 @@ from scaletrain.models.common.layer_loop import by_kind, loop_layers
 from scaletrain.models.config import LlamaConfig
 from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.models.dense import Dense, RMSNorm, _init
+from scaletrain.models.placement import active_placement, use_placement
 from scaletrain.models.unrolled_layers import build_layers
 from scaletrain.models.remat import run_layer
 from scaletrain.models.scanned_layers import StackedLayers
@@ -137,7 +138,14 @@ class CausalLM(nnx.Module):
 
         Without a cache the layers are rematerialised as ``config.gradient_checkpointing`` says and
         the activations constrained to the mesh's batch and sequence axes; with one (decoding) neither.
+        The config's :attr:`~scaletrain.models.config.LlamaConfig.placement` is the active one while it
+        runs: the layers read it there (:func:`~scaletrain.models.placement.active_placement`).
         """
+        with use_placement(self.config.placement):  # what every layer reads as it runs
+            return self._forward(prepared, cache)
+
+    def _forward(self, prepared: PreparedInputs, cache: Cache | None) -> tuple[Array, dict[str, Any], Cache | None]:
+        """:meth:`forward` under its placement."""
         training = cache is None
         _, kind_of_layer = self.layer_kinds()
         count = len(prepared.by_kind)
@@ -154,7 +162,7 @@ class CausalLM(nnx.Module):
             args = (h, prepared.by_kind) + (() if static is not None else (kind,))
             if not training:
                 return call(layer, *args)
-            h, aux, _ = run_layer(layer, self.config.gradient_checkpointing, *args, call=call)
+            h, aux, _ = run_layer(layer, active_placement().gradient_checkpointing, *args, call=call)
             return self._shard_activations(h), aux, None
 
         x, aux, cache = loop_layers(self.model.layers, kind_of_layer, step, x, cache)
@@ -190,7 +198,7 @@ class CausalLM(nnx.Module):
 
     def _shard_activations(self, x: Array) -> Array:
         """``x`` [B, T, hidden] constrained to the batch and sequence axes of the active mesh."""
-        pa = self.config.partition_axis
+        pa = active_placement().partition_axis
         return constrain(x, (pa.batch_axis, pa.sequence_axis, None))
 
     # -- the head -------------------------------------------------------------------

@@ -33,6 +33,7 @@ from scaletrain.models.dense import Dense, RMSNorm
 from scaletrain.models.kernels.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.kernels.flash_sharding import sharded_flash_attention
 from scaletrain.models.kernels.fp8 import glu_product
+from scaletrain.models.placement import active_placement
 from scaletrain.parallel.partition import active_axis_size
 
 Array = jax.Array
@@ -56,11 +57,34 @@ class Attention(nnx.Module):
         self.scale: float | None = None
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
         self.dtype = dtype
-        self.softmax_dtype = jnp.dtype(config.attn_softmax_dtype or "float32")
         self.precision = precision
-        self.mechanism = config.attn_mechanism
-        self.sequence_axis, self.batch_axis = config.partition_axis.sequence_axis, config.partition_axis.batch_axis
-        self.head_axes = (config.partition_axis.head_axis, config.partition_axis.kv_head_axis)
+
+    # the placement is the active one (the forward's), read when the layer runs: never a copy of its own
+    @property
+    def softmax_dtype(self) -> Any:
+        """The dtype of the attention scores and softmax (``attn_softmax_dtype``; float32 by default)."""
+        return jnp.dtype(active_placement().attn_softmax_dtype or "float32")
+
+    @property
+    def mechanism(self) -> str:
+        """The attention kernel asked for (``attn_mechanism``)."""
+        return active_placement().attn_mechanism
+
+    @property
+    def sequence_axis(self) -> Any:
+        """The mesh axes the sequence is split over (sp: context parallelism)."""
+        return active_placement().partition_axis.sequence_axis
+
+    @property
+    def batch_axis(self) -> Any:
+        """The mesh axes the batch is split over."""
+        return active_placement().partition_axis.batch_axis
+
+    @property
+    def head_axes(self) -> tuple[Any, Any]:
+        """The mesh axes of the query heads and of the key/value heads."""
+        pa = active_placement().partition_axis
+        return pa.head_axis, pa.kv_head_axis
 
     def __call__(self, x: Array, inputs: LayerInputs, cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
         """Self-attention over ``x`` and the updated cache (None without one).

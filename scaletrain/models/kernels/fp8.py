@@ -59,13 +59,14 @@ E5M2 = jnp.float8_e5m2
 PROJECTION_AXES = frozenset({"embed", "heads", "kv_heads", "mlp"})
 
 
-def fp8_layer(config: Any, axes: tuple[Any, ...]) -> bool:
-    """Whether a Dense with kernel ``axes`` runs in FP8 under ``config`` (``fp8`` set and a projection).
+def fp8_layer(placement: Any, axes: tuple[Any, ...]) -> bool:
+    """Whether a Dense with kernel ``axes`` runs in FP8 under ``placement`` (a ``Placement`` or a config:
+    ``fp8`` set) and is a projection.
 
     Read at call time, so ``fp8`` set on a loaded model's config (a recipe's runtime key
     next to ``model.pretrained``) takes effect as ``gradient_checkpointing`` does.
     """
-    return bool(getattr(config, "fp8", False)) and set(axes) <= PROJECTION_AXES
+    return bool(getattr(placement, "fp8", False)) and set(axes) <= PROJECTION_AXES
 
 
 def fp8_max(dtype: Any) -> float:
