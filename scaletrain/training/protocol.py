@@ -68,10 +68,9 @@ class _FunctionFields(NamedTuple):
 class TrainerConfigureFunctionOutput(_FunctionFields):
     """The jitted steps, the mesh and the checkpoint manager.
 
-    Both spellings of the seeds work, in the constructor and as attributes: EasyDeL's
-    ``Trainer`` (EasyDeL's Trainer) names the steps ``sharded_training_step_function`` /
-    ``sharded_evaluation_step_function``, the protocol's documentation (EasyDeL's BaseTrainerProtocol)
-    ``train_step_fn`` / ``eval_step_fn``, and builds it from those two alone.
+    Both of EasyDeL's spellings work, in the constructor and as attributes: its ``Trainer``
+    names the steps ``sharded_training_step_function`` / ``sharded_evaluation_step_function``,
+    its ``BaseTrainerProtocol`` ``train_step_fn`` / ``eval_step_fn``, and builds it from those two alone.
     """
 
     __slots__ = ()
@@ -126,15 +125,15 @@ class TrainerConfigureDataloaderOutput(NamedTuple):
 
 
 class BaseTrainerProtocol(abc.ABC):
-    """Methods and properties of a trainer (names from EasyDeL's protocol, BaseTrainerProtocol).
+    """Methods and properties of a trainer (names from EasyDeL's ``BaseTrainerProtocol``).
 
     The methods are abstract. The required properties are declared as annotations, not
-    abstract properties: EasyDeL's BaseTrainerProtocol's skeleton assigns them in ``__init__``
+    abstract properties: EasyDeL's protocol skeleton assigns them in ``__init__``
     (``self.arguments = arguments``), which an abstract read-only property would
     refuse; ``BaseTrainer`` provides them as read-only properties.
-    ``train(model_parameters=None, state=None)`` takes EasyDeL's BaseTrainerProtocol's two optional
-    starting points; what it returns is EasyDeL's Trainer's ``TrainerOutput`` (its ``state``
-    is what EasyDeL's BaseTrainerProtocol's ``train`` returns).
+    ``train(model_parameters=None, state=None)`` takes the protocol's two optional starting
+    points; what it returns is EasyDeL's ``Trainer``'s ``TrainerOutput`` (its ``state`` is what
+    the protocol's ``train`` returns).
     """
 
     arguments: Any
