@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import model_validator
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.config import LlamaConfig
@@ -36,9 +37,15 @@ def _moe_params(config: Any, experts: int) -> int:
     return LlamaConfig.num_params.fget(config) + n * (moe - dense_mlp)  # type: ignore[attr-defined]
 
 
-class MoeParamCounts:
-    """The total and active parameter counts of both MoE configs (listed first among the bases, so
-    these override the dense ``num_params``); the FLOPs per token follow the active count."""
+class MoeConfigMixin:
+    """What both MoE configs add to their dense base (listed first among the bases, so these
+    override the dense ``num_params``): the total and active parameter counts (the FLOPs per
+    token follow the active count) and the one validator of the MoE options (:func:`check_moe`)."""
+
+    @model_validator(mode="after")
+    def _moe(self) -> Any:
+        check_moe(self)
+        return self
 
     @property
     def num_params(self) -> int:

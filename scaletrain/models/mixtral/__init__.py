@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import model_validator
-
 from scaletrain.models.common.family import register
 from scaletrain.models.config import LlamaConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs
 from scaletrain.models.llama.hf import refuse_qk_norm
-from scaletrain.models.moe_config import MoeParamCounts, check_moe, check_moe_hf, moe_fields
+from scaletrain.models.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
 from scaletrain.models.moe_decoder import MoeForCausalLM
 
 
-class MixtralConfig(MoeParamCounts, LlamaConfig):
+class MixtralConfig(MoeConfigMixin, LlamaConfig):
     """Mixtral: Mistral attention, every MLP a top-``num_experts_per_tok`` of ``num_local_experts`` SwiGLUs."""
 
     model_type: ClassVar[str] = "mixtral"
@@ -31,11 +29,6 @@ class MixtralConfig(MoeParamCounts, LlamaConfig):
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
     router_jitter_noise: float = 0.0
-
-    @model_validator(mode="after")
-    def _moe(self) -> MixtralConfig:
-        check_moe(self)
-        return self
 
     @property
     def num_experts(self) -> int:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import field_validator, model_validator
+from pydantic import field_validator
 
 from scaletrain.models.common.family import register
 from scaletrain.models.config import LlamaConfig, at_least_one
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs
-from scaletrain.models.moe_config import MoeParamCounts, check_moe, check_moe_hf, moe_fields
+from scaletrain.models.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
 from scaletrain.models.moe_decoder import MoeForCausalLM
 from scaletrain.models.qwen3 import Qwen3Config, qwen3_attention_to_hf
 
 
-class Qwen3MoeConfig(MoeParamCounts, Qwen3Config):
+class Qwen3MoeConfig(MoeConfigMixin, Qwen3Config):
     """Qwen3-MoE: Qwen3 attention (per-head q/k norms), every MLP a top-k of many small SwiGLU experts."""
 
     model_type: ClassVar[str] = "qwen3_moe"
@@ -41,11 +41,6 @@ class Qwen3MoeConfig(MoeParamCounts, Qwen3Config):
     @classmethod
     def _expert_width(cls, value: int) -> int:
         return at_least_one(value)
-
-    @model_validator(mode="after")
-    def _moe(self) -> Qwen3MoeConfig:
-        check_moe(self)
-        return self
 
     @property
     def expert_intermediate_size(self) -> int:
