@@ -9,6 +9,8 @@ a traced offset), then as ``attn_mechanism="pallas"`` in a Llama on a mesh with
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,25 +140,40 @@ def _llama(mechanism: str, policy: str = "none", **kw: object):
     return create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=mesh_for_config(config))
 
 
-def test_model_over_sp_equals_the_einsum_path() -> None:
-    """A Llama on fsdp 2 x tp 2 x sp 2 over packed rows: ``pallas`` (context parallel, 64 tokens laid out
-    zigzag in chunks of 16) gives the einsum path's loss and gradients."""
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, 64)), jnp.int32)
+def _packed_rows(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(input_ids, segment_ids, positions)`` [4, 64]: rows of one, three (two apart), one plus padding and
+    three documents, positions restarting per document (0 on padding)."""
+    ids = jnp.asarray(np.random.default_rng(seed).integers(1, 64, (4, 64)), jnp.int32)
     seg = jnp.asarray(np.stack([segments(64, 64), segments(64, 20, 30), segments(64, 40), segments(64, 31, 2, 31)]))
     pos = jnp.asarray(np.stack([np.concatenate([np.arange(n) for n in np.bincount(r)[1:] if n] +
                                                [np.zeros((r == 0).sum(), int)]) for r in np.asarray(seg)]))
+    return ids, seg, pos
 
-    def loss_and_grads(mechanism: str) -> list[tuple[float, dict]]:
+
+def _loss_and_grads_over_sp(model: nnx.Module, mesh: Any, mechanism: str,
+                            batch: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[float, dict]:
+    """The mean squared logits on ``batch`` and their gradients; checks that only ``pallas`` gathers keys
+    and values over sp (context parallelism)."""
+    ids, seg, pos = batch
+
+    def loss(m: nnx.Module) -> jax.Array:
+        return jnp.mean(m(ids, positions=pos, segment_ids=seg).astype(jnp.float32) ** 2)
+
+    with jax.set_mesh(mesh):
+        value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+        traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
+    assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
+    return float(value), nnx.to_pure_dict(grads)
+
+
+def test_model_over_sp_equals_the_einsum_path() -> None:
+    """A Llama on fsdp 2 x tp 2 x sp 2 over packed rows: ``pallas`` (context parallel, 64 tokens laid out
+    zigzag in chunks of 16) gives the einsum path's loss and gradients."""
+    batch = _packed_rows(seed=0)
+
+    def loss_and_grads(mechanism: str) -> tuple[float, dict]:
         model, mesh = _llama(mechanism, sharding_axis_dims=(1, 2, 1, 2, 2))
-        results = []
-        def loss(m) -> jax.Array:
-            return jnp.mean(m(ids, positions=pos, segment_ids=seg).astype(jnp.float32) ** 2)
-
-        with jax.set_mesh(mesh):
-            value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
-            traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
-        assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
-        return float(value), nnx.to_pure_dict(grads)
+        return _loss_and_grads_over_sp(model, mesh, mechanism, batch)
 
     assert_same_loss_and_grads(loss_and_grads("pallas"), loss_and_grads("xla"))
 
@@ -234,10 +251,7 @@ def test_gemma3_over_sp_takes_the_kernel_and_zigzag_llama_takes(scan_layers: boo
         return kernel(*args, **kwargs)
 
     monkeypatch.setattr(layers, "sharded_flash_attention", spy)
-    ids = jnp.asarray(np.random.default_rng(1).integers(1, 64, (4, 64)), jnp.int32)
-    seg = jnp.asarray(np.stack([segments(64, 64), segments(64, 20, 30), segments(64, 40), segments(64, 31, 2, 31)]))
-    pos = jnp.asarray(np.stack([np.concatenate([np.arange(n) for n in np.bincount(r)[1:] if n] +
-                                               [np.zeros((r == 0).sum(), int)]) for r in np.asarray(seg)]))
+    batch = _packed_rows(seed=1)
 
     def loss_and_grads(mechanism: str, dims: tuple[int, ...]) -> tuple[float, dict]:
         config = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -245,15 +259,7 @@ def test_gemma3_over_sp_takes_the_kernel_and_zigzag_llama_takes(scan_layers: boo
                                   max_position_embeddings=64, layer_types=["sliding_attention", "full_attention"],
                                   attn_mechanism=mechanism, scan_layers=scan_layers, sharding_axis_dims=dims)
         model, mesh = create_sharded_model(Gemma3ForCausalLM, config, seed=0, mesh=mesh_for_config(config))
-
-        def loss(m: nnx.Module) -> jax.Array:
-            return jnp.mean(m(ids, positions=pos, segment_ids=seg).astype(jnp.float32) ** 2)
-
-        with jax.set_mesh(mesh):
-            value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
-            traced = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)))
-        assert ("all_gather" in traced) == (mechanism == "pallas")  # keys and values gathered over sp
-        return float(value), nnx.to_pure_dict(grads)
+        return _loss_and_grads_over_sp(model, mesh, mechanism, batch)
 
     got = loss_and_grads("pallas", (1, 2, 1, 2, 2))
     assert calls == {(20, True), (None, True)}  # both kinds: the kernel, zigzag, each with its window
