@@ -274,3 +274,14 @@ def test_cli_refuses_a_bad_weight_and_a_missing_source_with_one_line_and_exit_2(
     res = run(recipe)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "data.mixture[1] ('missing'): data file not found" in res.stderr
+
+
+def test_the_ray_prelaunch_check_reads_every_source_of_a_mixture(tmp_path):
+    from scaletrain.errors import DataError
+    from scaletrain.launch.ray.prelaunch import check_recipe_before_launch
+
+    recipe = _recipe(tmp_path)
+    check_recipe_before_launch(Recipe.from_dict(recipe))
+    recipe["data"]["mixture"][1].update(source=str(tmp_path / "nope.jsonl"), name="missing")
+    with pytest.raises(DataError, match=r"data.mixture\[1\] \('missing'\): data file not found"):
+        check_recipe_before_launch(Recipe.from_dict(recipe))
