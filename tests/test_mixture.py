@@ -247,32 +247,40 @@ def test_a_bad_mixture_is_one_message_naming_the_field(entry, message):
     assert lines[1].startswith(message), lines[1]
 
 
-def test_no_weight_at_step_0_and_an_empty_mixture_are_refused():
+def test_a_stage_without_weight_and_an_empty_mixture_are_refused():
     with pytest.raises(ConfigError, match="data.mixture: no source has a positive weight at step 0"):
         Recipe.from_dict({"data": {"mixture": [{"name": "a", "weight": {5: 1}}, {"name": "b", "weight": {5: 1}}]}})
+    with pytest.raises(ConfigError, match="data.mixture: no source has a positive weight at step 10"):
+        Recipe.from_dict({"data": {"mixture": [{"name": "a", "weight": {0: 1, 10: 0}}, {"name": "b", "weight": {20: 1}}]}})
+    with pytest.raises(ConfigError, match="no mixture source has a positive weight at step 10"):
+        mix_rows({"a": A, "b": B}, {"a": {0: 1, 10: 0}, "b": {20: 1}})
     with pytest.raises(ConfigError, match="data.mixture: list at least one source"):
         Recipe.from_dict({"data": {"mixture": []}})
 
 
 def test_keys_beside_the_mixture_are_every_entry_default():
     data = Recipe.from_dict({"data": {"skip_bad_rows": True, "kind": "chat", "mixture": [
-        {"source": "x/chat.jsonl", "weight": 1}, {"source": "bundled:shakespeare", "kind": "pretrain", "weight": 2}]}}).data
+        {"source": "x/chat.jsonl", "weight": 1},
+        {"source": "bundled:shakespeare", "kind": "pretrain", "weight": 2}]}}).data
     first, second = data.mixture
     assert (first.name, first.kind, first.skip_bad_rows) == ("chat", "chat", True)
     assert (second.name, second.kind, second.skip_bad_rows) == ("shakespeare", "pretrain", True)
     assert Recipe.from_dict(yaml.safe_load(Recipe.from_dict({"data": data.model_dump()}).to_yaml())).data == data
 
 
-def test_cli_refuses_a_missing_source_with_one_line_naming_the_entry_and_exit_2(tmp_path):
-    """(A bad weight is a ConfigError of the recipe, tested above; the CLI's exit 2 for those is test_cli's.)"""
+@pytest.mark.parametrize("change,message", [
+    ({"weight": 0}, "data.mixture.1.weight: a weight must be positive"),
+    ({"source": "nope.jsonl", "name": "missing"}, "data.mixture[1] ('missing'): data file not found: nope.jsonl"),
+], ids=["weight", "missing-source"])
+def test_cli_refuses_a_bad_mixture_with_one_message_and_exit_2(tmp_path, change, message):
     recipe = _recipe(tmp_path)
-    recipe["data"]["mixture"][1].update(source=str(tmp_path / "nope.jsonl"), name="missing")
+    recipe["data"]["mixture"][1].update(change)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(recipe))
     res = subprocess.run([sys.executable, "-m", "scaletrain", "train", str(path)], capture_output=True, text=True,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert "data.mixture[1] ('missing'): data file not found" in res.stderr
+    assert message in res.stderr
 
 
 def test_the_ray_prelaunch_check_reads_every_source_of_a_mixture(tmp_path):

@@ -80,13 +80,20 @@ class DataSection(BaseModel):
                 raise ValueError(f"data.mixture.{i}.name: {entry.name!r} is also the name of data.mixture."
                                  f"{seen[entry.name]}; give each source its own name")
             seen[entry.name] = i
-        if not any(dict(_stages(e.weight)).get(0, 0.0) > 0 for e in self.mixture):
-            raise ValueError("data.mixture: no source has a positive weight at step 0; give one a weight from 0 on")
+        stages = [_stages(e.weight) for e in self.mixture]
+        for start in sorted({0, *(step for st in stages for step, _ in st)}):
+            if not any(_weight_at(st, start) > 0 for st in stages):
+                raise ValueError(f"data.mixture: no source has a positive weight at step {start}; every stage "
+                                 "needs one (a source's weight is 0 before its first step)")
         return self
 
 
 def _stages(weight: float | dict[int, float]) -> list[tuple[int, float]]:
     return sorted(weight.items()) if isinstance(weight, dict) else [(0, float(weight))]
+
+
+def _weight_at(stages: list[tuple[int, float]], step: int) -> float:
+    return next((w for first, w in reversed(stages) if first <= step), 0.0)
 
 
 def _name_of(source: str) -> str:

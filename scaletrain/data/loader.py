@@ -184,9 +184,9 @@ def make_batch_iterator(
     evaluation.
 
     ``get_state()`` is ``{"next_index": k}`` after ``k`` batches and ``set_state``
-    jumps there directly. Rows with a ``batch_iterator`` method (a mixture's
-    :class:`~scaletrain.data.mixture.MixtureRows`) are served by it instead. A state is only meaningful for an iterator built with the
-    same rows and arguments.
+    jumps there directly. A state is only meaningful for an iterator built with the
+    same rows and arguments. Rows with a ``batch_iterator`` method (a mixture's
+    :class:`~scaletrain.data.mixture.MixtureRows`) are served by it instead.
     """
     import grain
 

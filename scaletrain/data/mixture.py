@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from scaletrain.data.loader import _check_layout, _GatherRows
-from scaletrain.data.mixture_schedule import MixtureSchedule, Weights
+from scaletrain.data.mixture_schedule import MixtureSchedule, Weights, stage_starts, weight_at
 from scaletrain.data.packing import PackedRows
 from scaletrain.data.splits import LMSplits
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
@@ -141,8 +141,10 @@ def mix_rows(parts: Mapping[str, PackedRows], weights: Mapping[str, float | Mapp
             raise DataError(f"mixture source {name!r} has no training rows")
     if unknown := set(weights) - set(parts):
         raise ConfigError(f"weights name unknown mixture sources {sorted(unknown)}; the sources are {list(parts)}")
-    if sum(dict(as_weights(weights[n])).get(0, 0.0) for n in parts) <= 0:
-        raise ConfigError("no mixture source has a positive weight at step 0")
+    staged = [as_weights(weights[n]) for n in parts]
+    for start in stage_starts(staged):
+        if not any(weight_at(w, start) > 0 for w in staged):
+            raise ConfigError(f"no mixture source has a positive weight at step {start}")
     return concatenate_parts(parts, MixtureRows, weights={n: as_weights(w) for n, w in weights.items()},
                              on_exhausted=on_exhausted)  # type: ignore[return-value]
 
