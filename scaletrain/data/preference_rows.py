@@ -199,7 +199,7 @@ def zip_columns(rows: Any, source: str, split: str, columns: tuple[str, ...], se
                 raise DataError(f"{origin}: row {row}: the columns {list(columns)} do not line up")
             yield tuple(c.value for c in cells), origin, row
     except MissingColumnError as exc:
-        raise DataError(f"{str(exc).split(' (', 1)[0]} (set {setting} to the source's column names)") from None
+        raise DataError(f"{str(exc).rsplit(' (', 1)[0]} (set {setting} to the source's column names)") from None
     except ValueError as exc:  # zip(strict=True): one column ended early
         if "zip()" not in str(exc):
             raise
