@@ -116,11 +116,18 @@ def _build_chat(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, 
     )
 
 
+def _set_chat_template(data: DataSection, tokenizer: Any) -> None:
+    """``data.chat_template`` on the tokenizer, so a saved checkpoint carries the template it was trained with."""
+    if data.chat_template:
+        tokenizer.chat_template = load_chat_template(data.chat_template)
+
+
 def _build_preference(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
                       truncation_mode: str) -> LMSplits:
     """Pairs (prompt / chosen / rejected) as TRL's DPOTrainer prepares them, one pair per row."""
     from scaletrain.data.preference import build_preference
 
+    _set_chat_template(data, tokenizer)
     return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
                             truncation_mode=truncation_mode, paired=True)
 
@@ -130,6 +137,7 @@ def _build_unpaired(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows,
     """KTO rows (prompt / completion / label) as TRL's KTOTrainer prepares them, with their KL rows."""
     from scaletrain.data.preference import build_preference
 
+    _set_chat_template(data, tokenizer)
     return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
                             truncation_mode=truncation_mode, paired=False)
 

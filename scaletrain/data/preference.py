@@ -334,11 +334,8 @@ def build_preference_splits(
 
 def build_preference(data: Any, rows: Any, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
                      truncation_mode: str, paired: bool = True) -> LMSplits:
-    """The ``preference`` / ``unpaired_preference`` data kinds' builder (see :mod:`scaletrain.data.kinds`)."""
-    from scaletrain.data.kinds import load_chat_template
-
-    if data.chat_template:
-        tokenizer.chat_template = load_chat_template(data.chat_template)  # saved with the checkpoint's tokenizer
+    """The ``preference`` / ``unpaired_preference`` data kinds' builder (``data.chat_template`` is already set
+    on the tokenizer by :mod:`scaletrain.data.kinds`)."""
     read = iter_pairs if paired else iter_unpaired
     held = None if not data.eval_source else read(rows, data.eval_source, data.eval_split, data, bad)
     return build_preference_splits(
