@@ -189,7 +189,8 @@ BAD_PAIRS = [
     ({"prompt": "a", "chosen": None, "rejected": " c"}, r"chosen has no value"),
     ({"prompt": [{"role": "user", "content": "a"}], "chosen": " b", "rejected": " c"},
      r"prompt must be text like chosen and rejected"),
-    ({"prompt": "a", "chosen": [{"role": "robot", "content": "b"}], "rejected": [{"role": "assistant", "content": "c"}]},
+    ({"prompt": "a", "chosen": [{"role": "robot", "content": "b"}],
+      "rejected": [{"role": "assistant", "content": "c"}]},
      r"chosen: message 0 has unknown role 'robot'"),
 ]
 

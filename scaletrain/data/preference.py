@@ -133,7 +133,8 @@ class PreferenceEncoder:
         with_eos = [[c if c.endswith(eos) else c + eos for c in slot] for slot in completions]
         return self._text_ids(prompts), [self._text_ids([p + c for p, c in zip(prompts, slot)]) for slot in with_eos]
 
-    def _encode_group(self, examples: list[PairExample | UnpairedExample], conversational: bool) -> list[Encoded | Refused]:
+    def _encode_group(self, examples: list[PairExample | UnpairedExample], conversational: bool
+                      ) -> list[Encoded | Refused]:
         prompts = [e.prompt for e in examples]
         if isinstance(examples[0], PairExample):
             slots = [[e.chosen for e in examples], [e.rejected for e in examples]]  # type: ignore[union-attr]
