@@ -153,6 +153,44 @@ def test_pairs_match_trl_dpo_preparation(request, policies, tmp_path, tokenizer,
     assert (ours.stats["train_truncated"] > 0) == (max_length < 64)
 
 
+def _trl_orpo(policies, tokenizer, rows, tmp_path, max_length, trainer="orpo"):
+    """TRL 1.16's ORPOTrainer (or CPOTrainer) prepared rows: ``[(chosen, rejected), ...]``, each
+    ``(ids, completion mask)`` with the completion mask read from its labels."""
+    from datasets import Dataset
+
+    if trainer == "orpo":
+        from trl.experimental.orpo import ORPOConfig as Config, ORPOTrainer as Trainer
+    else:
+        from trl.experimental.cpo import CPOConfig as Config, CPOTrainer as Trainer
+    args = Config(output_dir=str(tmp_path / "trl"), max_length=max_length, report_to=[], use_cpu=True,
+                  per_device_train_batch_size=len(rows))
+    ds = Trainer(model=policies[0], args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows)
+                 ).train_dataset
+    return [tuple((ex[f"{side}_input_ids"], [int(x != -100) for x in ex[f"{side}_labels"]])
+                  for side in ("chosen", "rejected")) for ex in ds]
+
+
+@pytest.mark.parametrize("rows,max_length,trainer", [
+    (TEXT_PAIRS, 64, "orpo"), (CHAT_PAIRS, 128, "orpo"), (IMPLICIT_TEXT, 64, "orpo"), (IMPLICIT_CHAT, 128, "orpo"),
+    (TEXT_PAIRS, 16, "orpo"), (TEXT_PAIRS, 64, "cpo"),
+], ids=["text", "chat", "implicit-text", "implicit-chat", "text-cut", "cpo-text"])
+def test_trl_orpo_preparation_matches_orpo_and_cpo_trainers(smol, policies, tmp_path, rows, max_length, trainer):
+    """``data.preparation: trl_orpo``: TRL 1.16's ORPO/CPO trainers' older tokenization (bos before the prompt,
+    the completion's end cut), which gives other ids than DPOTrainer's for SmolLM2 (its bos is <|im_start|>)."""
+    theirs = _trl_orpo(policies, smol, rows, tmp_path, max_length, trainer)
+    source = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    ours = _ours(smol, source, max_length, preparation="trl_orpo").train
+    assert _our_pairs(ours) == theirs
+    assert _our_pairs(ours) != _our_pairs(_ours(smol, source, max_length).train)
+    assert set(ours.keys()) == set(PAIR_KEYS)
+
+
+def test_trl_orpo_preparation_is_refused_for_kto_rows(smol, tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.preparation: trl_orpo is for kind: preference"):
+        _ours(smol, _write_jsonl(tmp_path / "kto.jsonl", KTO_ROWS), 64, kind="unpaired_preference",
+              preparation="trl_orpo")
+
+
 def test_prompt_filling_max_length_is_a_bad_row_trl_drops(smol, policies, tmp_path):
     """keep_start: TRL drops a row whose prompt alone fills max_length; we name it, or skip and count it."""
     rows = [*TEXT_PAIRS[:2], {"prompt": "one two three four five six seven eight nine ten eleven twelve",
