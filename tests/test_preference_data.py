@@ -367,3 +367,13 @@ def test_trainer_shards_every_key_over_the_batch_axes(tmp_path, tiny_config_kwar
         assert len(value.sharding.device_set) == jax.device_count()
     state, metrics = trainer.sharded_training_step_function(trainer.current_state, batch)
     assert int(state.step) == 1 and np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.parametrize("preparation", ["trl_dpo", "trl_orpo"])
+def test_conversations_need_a_chat_template_which_data_chat_template_gives(tmp_path, preparation):
+    tokenizer = load_processor(bundled_tokenizer_path())  # no chat template of its own
+    source = _write_jsonl(tmp_path / "chat.jsonl", CHAT_PAIRS)
+    with pytest.raises(DataError, match=r"conversational preference rows need a chat template.*data\.chat_template"):
+        _ours(tokenizer, source, 128, preparation=preparation)
+    rows = _ours(tokenizer, source, 128, preparation=preparation, chat_template=PLAIN_TEMPLATE)
+    assert rows.stats["pairs"] == 3 and tokenizer.chat_template == PLAIN_TEMPLATE

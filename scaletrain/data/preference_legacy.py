@@ -89,6 +89,8 @@ class OrpoPairEncoder(PreferenceEncoder):
         for example in examples:
             if isinstance(example, UnpairedExample):
                 raise TypeError("the trl_orpo preparation is for pairs; KTO rows are prepared as KTOTrainer does")
+            if example.conversational and not getattr(self.tokenizer, "chat_template", None):
+                self._chat_ids([example.prompt], True)  # raises the DataError that names data.chat_template
             try:
                 out.append(self._encode_pair(example))
             except Exception as exc:  # a template that fails on this conversation
