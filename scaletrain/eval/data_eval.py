@@ -81,53 +81,72 @@ def evaluate_rows(model: Any, rows: Any, settings: EvalSettings, bytes_per_token
     Trainer's order with its ``eval_step`` (over the model's own mesh, the batch split as a
     run splits it); ``eval_seconds`` is the wall time.
     """
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from jax.sharding import NamedSharding, PartitionSpec
+    return RowsEvaluator(model, settings, objective)(model, rows, bytes_per_token, progress)
 
-    from scaletrain.arguments import TrainingArguments
-    from scaletrain.data.loader import make_batch_iterator, steps_per_epoch
-    from scaletrain.models.factory import place_model
-    from scaletrain.objectives import LanguageModelObjective
-    from scaletrain.objectives.loss import resolve_chunk_size
-    from scaletrain.training.base import batch_sharding
-    from scaletrain.training.state import create_train_state, state_shardings
-    from scaletrain.training.steps import make_step_functions
 
-    start = time.perf_counter()
-    model, mesh = place_model(model)
-    args = TrainingArguments(total_batch_size=settings.batch_size, max_length=settings.max_length,
-                             gradient_accumulation_steps=settings.micro_batches)
-    sharding = batch_sharding(args, mesh)
-    if objective is None:
-        chunk = resolve_chunk_size(settings.loss_chunk_size, model.config.vocab_size, settings.max_length)
-        objective = LanguageModelObjective(chunk_size=chunk)
-    state = create_train_state(model, optax.identity(), mesh)
-    _, step = make_step_functions(optax.identity(), state_shardings(state), sharding,
-                                  NamedSharding(mesh, PartitionSpec()), objective, settings.micro_batches)
-    batches = make_batch_iterator(rows, settings.batch_size, seed=settings.seed, shuffle=False, num_epochs=1,
-                                  drop_remainder=False, max_length=settings.max_length,
-                                  truncation_mode=settings.truncation_mode)
-    total = steps_per_epoch(rows, settings.batch_size, drop_remainder=False)
-    if settings.max_batches:
-        total = min(total, settings.max_batches)
-    bar = _bar(total, progress)
-    acc: Any = None
-    with jax.set_mesh(mesh):
-        for i, batch in enumerate(batches):
-            if i >= total:
-                break
-            placed = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-            sums = step(state, placed)
-            acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    results = objective.eval_metrics(jax.device_get(acc), bytes_per_token)
-    results["eval_seconds"] = time.perf_counter() - start
-    return results
+class RowsEvaluator:
+    """The Trainer's jitted ``eval_step`` for one model's structure and mesh, built once and called on any
+    state of it (in-loop evaluation scores a new state every time without compiling again)."""
+
+    def __init__(self, model: Any, settings: EvalSettings, objective: Any = None):
+        import optax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from scaletrain.arguments import TrainingArguments
+        from scaletrain.models.factory import place_model
+        from scaletrain.objectives import LanguageModelObjective
+        from scaletrain.objectives.loss import resolve_chunk_size
+        from scaletrain.training.base import batch_sharding
+        from scaletrain.training.state import create_train_state, state_shardings
+        from scaletrain.training.steps import make_step_functions
+
+        model, self.mesh = place_model(model)
+        self.settings = settings
+        args = TrainingArguments(total_batch_size=settings.batch_size, max_length=settings.max_length,
+                                 gradient_accumulation_steps=settings.micro_batches)
+        self.sharding = batch_sharding(args, self.mesh)
+        if objective is None:
+            chunk = resolve_chunk_size(settings.loss_chunk_size, model.config.vocab_size, settings.max_length)
+            objective = LanguageModelObjective(chunk_size=chunk)
+        self.objective = objective
+        state = create_train_state(model, optax.identity(), self.mesh)
+        _, self.step = make_step_functions(optax.identity(), state_shardings(state), self.sharding,
+                                           NamedSharding(self.mesh, PartitionSpec()), objective,
+                                           settings.micro_batches)
+
+    def __call__(self, model: Any, rows: Any, bytes_per_token: float | None = None,
+                 progress: bool = False) -> dict[str, float]:
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        from scaletrain.data.loader import make_batch_iterator, steps_per_epoch
+        from scaletrain.training.state import create_train_state
+
+        start = time.perf_counter()
+        s = self.settings
+        state = create_train_state(model, optax.identity(), self.mesh)
+        batches = make_batch_iterator(rows, s.batch_size, seed=s.seed, shuffle=False, num_epochs=1,
+                                      drop_remainder=False, max_length=s.max_length,
+                                      truncation_mode=s.truncation_mode)
+        total = steps_per_epoch(rows, s.batch_size, drop_remainder=False)
+        total = min(total, s.max_batches) if s.max_batches else total
+        bar = _bar(total, progress)
+        acc: Any = None
+        with jax.set_mesh(self.mesh):
+            for i, batch in enumerate(batches):
+                if i >= total:
+                    break
+                placed = {k: jax.make_array_from_process_local_data(self.sharding, v) for k, v in batch.items()}
+                sums = self.step(state, placed)
+                acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        results = self.objective.eval_metrics(jax.device_get(acc), bytes_per_token)
+        results["eval_seconds"] = time.perf_counter() - start
+        return results
 
 
 def _bar(total: int, on: bool) -> Any:
