@@ -48,6 +48,10 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
                           "or a Hugging Face model folder")
     if data is not None and not data.startswith(("bundled:", "prepared:")) and not _glob_exists(data):
         raise ConfigError(f"--data {data}: no such file, folder or glob match")
+    folder = any(os.path.isfile(os.path.join(target, f)) for f in ("config.json", "adapter_config.json"))
+    if data is None and not tasks and folder:
+        raise ConfigError(f"{target}: give --data SOURCE or --tasks (only a run folder written by "
+                          "`scaletrain train` knows its own eval data)")
     manager = task_manager(task_list(tasks), include_path) if tasks else None
     from scaletrain.eval.targets import load_target
 

@@ -44,6 +44,10 @@ def task_manager(tasks: Sequence[str], include_path: str | Sequence[str] | None 
     for path in paths:
         if not os.path.exists(path):
             raise ConfigError(f"--include-path {path}: no such file or directory")
+    if paths:  # the user's own tasks alone index in milliseconds, lm-eval's registry in seconds
+        own = TaskManager(include_path=paths, include_defaults=False)
+        if all(t.endswith(".yaml") or own.match_tasks([t]) for t in tasks):
+            return own
     manager = TaskManager(include_path=paths or None)
     missing = [t for t in tasks if not t.endswith(".yaml") and not manager.match_tasks([t])]
     missing += [t for t in tasks if t.endswith(".yaml") and not os.path.isfile(t)]
