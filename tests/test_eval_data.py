@@ -62,3 +62,46 @@ def test_eval_of_a_run_on_another_source_and_mesh(run, tmp_path):
     assert a["eval_tokens"] == b["eval_tokens"] > 40 * 10
     assert math.isclose(a["eval_loss"], b["eval_loss"], rel_tol=1e-5)
     assert a["eval_perplexity"] == pytest.approx(math.exp(a["eval_loss"]), rel=1e-9)
+
+
+def test_chat_data_scores_assistant_tokens_as_transformers_does(tmp_path):
+    """``--kind chat``: the loss is over the assistant turns only; the oracle is transformers' forward on each
+    packed conversation, its cross-entropy summed where the pipeline's loss mask is set (1e-4 relative:
+    float32 forwards that differ by summation order)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from data_helpers import PLAIN_TEMPLATE
+    from eval_testing import tiny_hf_folder
+    from scaletrain.data.build import build_datasets
+    from scaletrain.data.tokenizer import load_processor
+    from scaletrain.eval.data_eval import source_section
+
+    folder = tiny_hf_folder(tmp_path / "hf")
+    (tmp_path / "template.jinja").write_text(PLAIN_TEMPLATE)
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("\n".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Say line {i} of the play."},
+        {"role": "assistant", "content": f"ROMEO. This is line {i}, spoken softly."}]}) for i in range(12)))
+    report = tmp_path / "chat.json"
+    assert main(["eval", str(folder), "--data", str(chats), "--kind", "chat", "--chat-template",
+                 str(tmp_path / "template.jinja"), "--max-length", "64", "--output", str(report),
+                 "--no-progress"]) == 0
+    figures = json.loads(report.read_text())["data"]
+
+    section = source_section(str(chats), kind="chat", chat_template=str(tmp_path / "template.jinja"))
+    rows = build_datasets(section, load_processor(str(folder)), max_length=64).eval
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    total, targets, all_targets = 0.0, 0, 0
+    for r in range(rows.num_rows):
+        for seg in set(rows.segment_ids[r].tolist()) - {0}:
+            where = np.flatnonzero(rows.segment_ids[r] == seg)
+            ids = torch.tensor(rows.input_ids[r, where])[None]
+            with torch.no_grad():
+                logp = torch.log_softmax(hf(ids).logits[0, :-1].double(), -1)
+            nll = -logp.gather(1, ids[0, 1:, None])[:, 0].numpy()
+            mask = rows.loss_mask[r, where][1:] != 0
+            total, targets, all_targets = total + nll[mask].sum(), targets + mask.sum(), all_targets + len(nll)
+    assert figures["eval_tokens"] == targets < all_targets
+    assert math.isclose(figures["eval_loss"], total / targets, rel_tol=1e-4)

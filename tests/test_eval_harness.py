@@ -123,3 +123,39 @@ def test_bad_input_is_one_message_and_exit_2(both, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_a_lora_adapter_scores_as_peft_applies_it(both, tmp_path):
+    """``--adapter``: the PEFT folder applied unmerged gives lm-eval's ``hf`` model with ``peft=`` the same
+    log-likelihoods (1e-4 relative), and not the base model's."""
+    import jax
+    import lm_eval
+    import numpy as np
+    from flax import nnx
+    from lm_eval.tasks import TaskManager
+
+    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.peft.adapter import save_peft_adapter
+    from scaletrain.peft.lora import LoRAConfig, LoRAParam, apply_lora
+
+    _, base_samples, _, root = both
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(str(root / "hf")), LoRAConfig(target_modules="all-linear"))
+    rng = np.random.default_rng(0)
+    adapters = nnx.state(model, LoRAParam)
+    nnx.update(model, jax.tree.map(lambda x: jax.device_put(0.05 * rng.standard_normal(x.shape, np.float32),
+                                                             x.sharding), adapters))
+    adapter = save_peft_adapter(model, tmp_path / "adapter", base_model_name_or_path=str(root / "hf"))
+    out = tmp_path / "out"
+    assert main(["eval", str(root / "hf"), "--adapter", str(adapter), "--tasks", "st_mc", "--include-path",
+                 str(root / "tasks"), "--output-path", str(out), "--log_samples", "--no-progress"]) == 0
+    mine = [json.loads(line) for line in open(glob.glob(str(out / "*" / "samples_st_mc_*.jsonl"))[0])]
+    theirs = lm_eval.simple_evaluate(
+        model="hf", model_args={"pretrained": str(root / "hf"), "peft": str(adapter), "dtype": "float32"},
+        tasks=["st_mc"], batch_size=4, device="cpu", log_samples=True,
+        task_manager=TaskManager(include_path=str(root / "tasks"), include_defaults=False))["samples"]["st_mc"]
+    by_doc = {s["doc_id"]: s for s in mine}
+    base = {s["doc_id"]: s for s in base_samples["st_mc"]}
+    for sample in theirs:
+        for a, b, c in zip(by_doc[sample["doc_id"]]["resps"], sample["resps"], base[sample["doc_id"]]["resps"]):
+            assert _close(float(a[0][0]), float(b[0][0])), (a, b)
+            assert not _close(float(a[0][0]), float(c[0][0]))  # the adapter changed the scores
