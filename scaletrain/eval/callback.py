@@ -44,6 +44,12 @@ class HarnessEvaluation(Callback):
         if (s.tasks or s.data) and trainer.tokenizer is None:
             raise ConfigError("eval_harness: tasks and data sets are text; the trainer has no tokenizer")
         if s.tasks:
+            import jax
+
+            if jax.process_count() > 1:
+                raise ConfigError("eval_harness.tasks: lm-eval tasks run in one process, and this run has "
+                                  f"{jax.process_count()}; keep eval_harness.data here and run `scaletrain eval "
+                                  "RUN --tasks ...` on its checkpoints")
             self._manager = task_manager(task_list(s.tasks), s.include_path)
         settings = self._settings(trainer)
         for item in s.data:
