@@ -159,3 +159,15 @@ def test_a_lora_adapter_scores_as_peft_applies_it(both, tmp_path):
         for a, b, c in zip(by_doc[sample["doc_id"]]["resps"], sample["resps"], base[sample["doc_id"]]["resps"]):
             assert _close(float(a[0][0]), float(b[0][0])), (a, b)
             assert not _close(float(a[0][0]), float(c[0][0]))  # the adapter changed the scores
+
+
+def test_without_lm_eval_tasks_say_how_to_install_it(both):
+    """An install without the eval extra (lm_eval made unimportable in a fresh interpreter): one message, exit 2."""
+    import subprocess
+
+    _, _, _, root = both
+    code = ("import sys; sys.modules['lm_eval'] = None; from scaletrain.cli import main; "
+            f"sys.exit(main(['eval', {str(root / 'hf')!r}, '--tasks', 'st_mc']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2 and "pip install 'scaletrain[eval]'" in done.stderr
+    assert "Traceback" not in done.stderr

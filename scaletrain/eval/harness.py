@@ -8,7 +8,6 @@ the ones ``lm_eval --output_path --log_samples`` writes (its ``EvaluationTracker
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Sequence
@@ -21,9 +20,11 @@ logger = logging.getLogger("scaletrain")
 
 def require_lm_eval() -> None:
     """ConfigError saying how to install lm-eval when it is missing (it is the ``eval`` extra, not the core)."""
-    if importlib.util.find_spec("lm_eval") is None:
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
         raise ConfigError("lm-evaluation-harness is not installed; `pip install 'scaletrain[eval]'` (or "
-                          "`pip install lm-eval`) to run --tasks / eval_harness.tasks")
+                          "`pip install lm-eval`) to run --tasks / eval_harness.tasks") from None
 
 
 def task_list(tasks: str | Sequence[str]) -> list[str]:

@@ -51,8 +51,9 @@ def _scorer(graphdef: Any, key: tuple[Any, ...]) -> Any:
         model = nnx.merge(graphdef, state)
         hidden, _ = model.hidden_states_and_aux(ids)
         logits = model.compute_logits(hidden).astype(jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        # log p(target) = logit - logsumexp: no second [B, T, V] array (a log-softmax) beside the logits
+        target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        picked = target - jax.nn.logsumexp(logits, axis=-1)
         return picked, jnp.argmax(logits, axis=-1) == targets
 
     _SCORERS[key] = jax.jit(score)
