@@ -105,3 +105,13 @@ def test_chat_data_scores_assistant_tokens_as_transformers_does(tmp_path):
             total, targets, all_targets = total + nll[mask].sum(), targets + mask.sum(), all_targets + len(nll)
     assert figures["eval_tokens"] == targets < all_targets
     assert math.isclose(figures["eval_loss"], total / targets, rel_tol=1e-4)
+
+
+def test_checkpoint_picks_the_step(run, tmp_path, capsys):
+    report = tmp_path / "four.json"
+    assert main(["eval", str(run), "--checkpoint", "4", "--output", str(report), "--no-progress"]) == 0
+    assert json.loads(report.read_text())["step"] == 4
+    capsys.readouterr()
+    assert main(["eval", str(run), "--checkpoint", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "no complete checkpoint for step 3" in err and "[4]" in err and "Traceback" not in err
