@@ -37,7 +37,7 @@ class HarnessEvaluation(Callback):
 
     def pre_train(self, trainer: TrainerView, state: Any) -> None:
         """Check tasks and build the data sets' rows before the first step (a typo fails now, not at step N)."""
-        from scaletrain.eval.data_eval import EvalSettings, eval_rows, source_section
+        from scaletrain.eval.data_eval import eval_rows, source_section
         from scaletrain.eval.harness import task_list, task_manager
 
         s = self.section

@@ -15,9 +15,6 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 
-#: options that name the data's columns and template, as the recipe's ``data`` section names them
-DATA_KEYS = ("text_column", "messages_column", "format", "chat_template")
-
 
 def parse_mesh(text: str | None) -> tuple[int, ...] | None:
     """``1,-1,1,1,1`` as mesh axis sizes (dp, fsdp, ep, tp, sp); None for the default."""

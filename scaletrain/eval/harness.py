@@ -8,14 +8,11 @@ the ones ``lm_eval --output_path --log_samples`` writes (its ``EvaluationTracker
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from scaletrain.errors import ConfigError
-
-logger = logging.getLogger("scaletrain")
 
 
 def require_lm_eval() -> None:
