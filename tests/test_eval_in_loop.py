@@ -44,6 +44,13 @@ def test_harness_tasks_and_data_sets_every_n_steps(tmp_path):
         assert math.isfinite(r["held/loss"]) and "held/bits_per_byte" in r
     assert harness[0]["held/loss"] != harness[1]["held/loss"]  # the current state, not the first one
     assert any(r.get("split", "train") == "train" and r["step"] == 4 and "loss" in r for r in records)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / "tensorboard"))
+    board.Reload()
+    assert {e.step: e.value for e in board.Scalars("harness/st_mc/acc")} == pytest.approx(
+        {r["step"]: r["st_mc/acc"] for r in harness})
+    assert [e.step for e in board.Scalars("harness/seconds")] == [2, 4]
 
     report = tmp_path / "after.json"
     assert main(["eval", str(out), "--data", str(held), "--output", str(report), "--no-progress"]) == 0
