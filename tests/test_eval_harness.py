@@ -118,6 +118,8 @@ def test_bad_input_is_one_message_and_exit_2(both, tmp_path, capsys):
          "unknown task(s) no_such_task"),
         (["eval", str(root / "hf"), "--data", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
         (["eval", str(root / "hf")], "give --data SOURCE or --tasks"),
+        (["eval", str(root / "hf"), "--data", str(root / "tasks" / "text.json"), "--kind", "poetry"],
+         "--kind: unknown data kind 'poetry'; the known kinds are"),
     ]
     for argv, message in cases:
         assert main(argv) == 2

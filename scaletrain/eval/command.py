@@ -50,13 +50,16 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
         raise ConfigError(f"{target}: give --data SOURCE or --tasks (only a run folder written by "
                           "`scaletrain train` knows its own eval data)")
     manager = task_manager(task_list(tasks), include_path) if tasks else None
+    from scaletrain.eval.data_eval import source_section
+
+    section = None if data is None else source_section(  # a bad kind or format is refused before loading
+        data, kind=kind, split=split, **{k: v for k, v in (data_keys or {}).items() if v is not None})
     from scaletrain.eval.targets import load_target
 
     loaded = load_target(target, step=checkpoint, adapter=adapter, mesh=mesh)
     report: dict[str, Any] = {"target": target, "step": loaded.step}
     if data is not None or tasks is None:
-        report["data"] = _data_figures(loaded, data, kind, split, data_keys or {}, batch_size, max_length,
-                                       max_batches, progress)
+        report["data"] = _data_figures(loaded, section, batch_size, max_length, max_batches, progress)
     if tasks:
         from scaletrain.eval.harness import flat_metrics, run_tasks
         from scaletrain.eval.lm_eval_model import ScaletrainLM
@@ -76,26 +79,26 @@ def _glob_exists(pattern: str) -> bool:
     return os.path.exists(pattern) or bool(glob.glob(os.path.expanduser(pattern)))
 
 
-def _data_figures(loaded: Any, data: str | None, kind: str, split: str, keys: dict[str, Any],
-                  batch_size: int | None, max_length: int | None, max_batches: int | None,
-                  progress: bool) -> dict[str, Any]:
+def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length: int | None,
+                  max_batches: int | None, progress: bool) -> dict[str, Any]:
+    """Figures of ``section`` (the ``--data`` source), or of the run's own eval data when it is None."""
     from scaletrain.data.config import DataSection
-    from scaletrain.eval.data_eval import EvalSettings, eval_rows, evaluate_rows, source_section
+    from scaletrain.eval.data_eval import EvalSettings, eval_rows, evaluate_rows
 
     recipe = (loaded.meta or {}).get("recipe")
-    if data is None and not recipe:
+    own = section is None  # the run's own eval data, evaluated as the run evaluated it
+    if own and not recipe:
         raise ConfigError(f"{loaded.name}: give --data SOURCE or --tasks (only a run folder written by "
                           "`scaletrain train` knows its own eval data)")
     if loaded.kind == "run":  # the run's batch, length and loss settings; its eval-step cap for its own data
         settings = EvalSettings.of_run(loaded.meta.get("arguments", {}), batch_size=batch_size, max_length=max_length)
-        if data is not None or max_batches is not None:
+        if not own or max_batches is not None:
             settings = dataclasses.replace(settings, max_batches=max_batches)
     else:
         positions = getattr(loaded.model.config, "max_position_embeddings", 2048)
         settings = EvalSettings(batch_size=batch_size or 8, max_length=max_length or min(positions, 2048),
                                 max_batches=max_batches)
-    section = DataSection(**recipe["data"]) if data is None else source_section(
-        data, kind=kind, split=split, **{k: v for k, v in keys.items() if v is not None})
+    section = DataSection(**recipe["data"]) if own else section
     rows, bytes_per_token = eval_rows(section, loaded.tokenizer, settings)
     figures = evaluate_rows(loaded.model, rows, settings, bytes_per_token, progress=progress)
     return {"source": section.eval_source or section.source, "kind": section.kind, "rows": len(rows),

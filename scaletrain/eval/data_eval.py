@@ -48,13 +48,17 @@ def source_section(source: str, *, kind: str = "pretrain", split: str = "train",
     ``build_datasets`` reads a source in full as evaluation rows only as ``eval_source``; the
     training side is then cut to one document (``max_documents=1``), since nothing trains on it.
     """
+    from pydantic import ValidationError
+
     from scaletrain.data.config import DataSection
 
     try:
         return DataSection(source=source, eval_source=source, eval_split=split, split=split, kind=kind,
                            max_documents=1, **keys)
-    except ValueError as err:  # pydantic's ValidationError: an unknown kind, a bad column name
-        raise ConfigError(f"--data {source}: {err}") from None
+    except ValidationError as err:  # an unknown kind, a bad format: named as the option the user typed
+        first = err.errors()[0]
+        field = str(first["loc"][0]).replace("_", "-") if first["loc"] else "data"
+        raise ConfigError(f"--{field}: {first['msg'].removeprefix('Value error, ')} (--data {source})") from None
 
 
 def eval_rows(section: Any, tokenizer: Any, settings: EvalSettings) -> tuple[Any, float | None]:
