@@ -1,4 +1,5 @@
-"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``sweep``.
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``sweep``,
+``eval_harness``.
 
 A recipe is validated as a whole; every problem is reported as
 ``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
@@ -18,6 +19,7 @@ from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.config_keys import problem_lines
 from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
+from scaletrain.eval.config import EvalHarnessSection
 from scaletrain.peft.lora_config import LoRAConfig
 from scaletrain.parallel.mesh import AXIS_NAMES
 from scaletrain.parallel.partition import PartitionAxis
@@ -148,6 +150,8 @@ class Recipe(BaseModel):
     sample: SampleSection = SampleSection()
     ray: RaySection = RaySection()
     sweep: SweepSection = SweepSection()
+    # lm-eval tasks and extra eval data sets scored during training (scaletrain.eval.callback)
+    eval_harness: EvalHarnessSection = EvalHarnessSection()
 
     @model_validator(mode="after")
     def _lora_into_training(self) -> Recipe:
@@ -199,6 +203,8 @@ class Recipe(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json")
         out["model"] = {"type": self.model.type, "pretrained": self.model.pretrained, **self.model.config_overrides}
+        if self.eval_harness == EvalHarnessSection():  # unset: a recipe written before the section reads the same
+            out.pop("eval_harness")
         return out
 
 
