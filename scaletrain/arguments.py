@@ -79,7 +79,7 @@ class TrainingArguments(ConfigModel):
     wandb_name: str | None = None
     log_grad_norms: bool = False
     log_weight_stats: bool = False
-    # a hash of each step's global batch (its token ids), logged as ``data_fingerprint``: the same value
+    # a hash of each step's global batch (its token ids), logged as ``data/fingerprint``: the same value
     # for the same tokens whatever the process count, so runs resumed on N -> M processes can be compared
     log_data_fingerprint: bool = False
     generate_steps: int | None = None

@@ -178,7 +178,7 @@ def train_step(
     if log_weight_stats:
         metrics.update(group_norms(params, "weight_norm"))
     if log_data_fingerprint:
-        metrics["data_fingerprint"] = data_fingerprint(batch)
+        metrics["data/fingerprint"] = data_fingerprint(batch)
     return new_state, metrics
 
 
