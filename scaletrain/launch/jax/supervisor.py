@@ -19,6 +19,7 @@ starts ``scaletrain train`` N times with ``launch.*`` overrides. Then it:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from scaletrain.errors import ConfigError
@@ -57,6 +58,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel kill the child when this launcher dies (Linux ``PR_SET_PDEATHSIG``):
+    a launcher killed with SIGKILL cannot stop its children, and they would train on, orphaned."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the forked child only calls it
+    except (OSError, AttributeError):  # not Linux
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock) -> None:
@@ -109,11 +120,12 @@ def _supervise(commands: list[list[str]], token: str, kill_after: float) -> int:
     signals: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: signals.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
+    on_parent_death = _die_with_parent()
     try:
         for rank, command in enumerate(commands):
             # a session of its own: Ctrl-C reaches the children once, through this process
             child = subprocess.Popen(command, env=child_env(rank, token), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=on_parent_death)
             children.append(child)
             for stream, out in ((child.stdout, sys.stdout.buffer), (child.stderr, sys.stderr.buffer)):
                 pump = threading.Thread(target=_pump, args=(stream, f"[{rank}] ".encode(), out, out_lock),
