@@ -210,3 +210,28 @@ def _wait_for_checkpoint_then_find(out, rank: int, launcher: subprocess.Popen) -
         if f"training.output_dir={out}" in args and f"launch.process_id={rank}" in args:
             return int(pid)
     raise AssertionError(f"process {rank} of the launch is not running")
+
+
+def test_sigterm_to_the_launcher_stops_every_process_at_one_step_with_one_checkpoint(tmp_path):
+    """Ctrl-C / SIGTERM reach every process as SIGTERM; they agree on it at a log step and stop there.
+    A long horizon (200 steps) so the signal always lands mid-run: where it lands is not asserted."""
+    out = tmp_path / "stopped"
+    launcher = _launch(out, "training.max_training_steps=200", "training.save_steps=null", "training.log_steps=2")
+    lines = []
+    try:
+        for line in launcher.stdout:  # read until the run has taken its first logged step
+            lines.append(line)
+            if "INFO scaletrain: step 2/200" in line:
+                launcher.send_signal(signal.SIGTERM)
+                break
+        code, text = _finish(launcher, out)
+    finally:
+        _kill_leftovers(out)
+    text = "".join(lines) + text
+    assert code == 0, text[-4000:]
+    stops = [x.split("INFO scaletrain: ")[1] for x in text.splitlines() if "INFO scaletrain: stopped:" in x]
+    assert len(stops) == 2 and stops[0] == stops[1], stops  # both processes, the same step
+    step = int(stops[0].rsplit(" ", 1)[1])
+    assert stops[0] == f"stopped: received SIGTERM at step {step}" and 2 < step < 200
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [str(step)]
+    assert _summary(out)["stop_reason"] == f"received SIGTERM at step {step}"
