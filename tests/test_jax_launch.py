@@ -209,8 +209,11 @@ def test_bad_launches_from_the_command_line_are_one_line_and_exit_2(tmp_path):
     code, lines = cli("train", recipe, out, "--coordinator", "127.0.0.1:1", "--num-processes", "2",
                       "--process-id", "5")
     assert code == 2 and len(lines) == 1 and "launch.process_id=5 (launch section) is out of range" in lines[0]
-    code, lines = cli("launch", "--nproc", "0", recipe, out)
-    assert code == 2 and lines == ["scaletrain: error: --nproc must be >= 1, got 0"]
+    code, lines = cli("launch", "--nproc", "3", recipe, out)  # a global batch of 16 rows cannot go to 3 processes
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(
+        "scaletrain: error: training.total_batch_size=16 cannot be split among --nproc=3") and \
+        "use a process count that divides it (1, 2, 4, 8, 16)" in lines[0]
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 # ---- the data fingerprint ---------------------------------------------------------------------------

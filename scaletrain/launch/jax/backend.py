@@ -29,6 +29,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.launch.batch_split import check_batch_split
 from scaletrain.launch.jax import rendezvous
 from scaletrain.launch.jax.settings import JaxJob, resolve_job
 
@@ -48,6 +49,7 @@ def run_recipe_on_jax(recipe: Recipe) -> dict[str, Any]:
     from scaletrain.training.run_lock import release_run_lock
 
     job = resolve_job(recipe)
+    check_batch_split(recipe.training.total_batch_size, job.num_processes, "launch.num_processes")
     lock: list[Any] = []
 
     def admit() -> str | None:  # process 0, once every process has joined: may this run use output_dir?

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from scaletrain.errors import ConfigError
+from scaletrain.launch.batch_split import check_batch_split
 
 #: grace given to the other processes after one failed, before they are killed (seconds)
 DEFAULT_KILL_AFTER = 30.0
@@ -102,6 +103,7 @@ def launch_processes(recipe_path: str, overrides: Sequence[str], nproc: int, *,
     if recipe.ray.num_workers:
         raise ConfigError("scaletrain launch starts its own processes: unset ray.num_workers "
                           "(or use scaletrain train for Ray)")
+    check_batch_split(recipe.training.total_batch_size, nproc, "--nproc")
     lock = acquire_run_lock(recipe.training.output_dir)
     try:
         address = f"127.0.0.1:{port or free_port()}"
