@@ -120,8 +120,10 @@ def _supervise(commands: list[list[str]], token: str, kill_after: float) -> int:
     children: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     signals: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: signals.append(signum))
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread only
+        previous = {sig: signal.signal(sig, lambda signum, frame: signals.append(signum))
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
     on_parent_death = _die_with_parent()
     try:
         for rank, command in enumerate(commands):
@@ -166,8 +168,10 @@ def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: flo
                 code = child.poll()
                 if code not in (None, 0):
                     failure = (_status(code), time.monotonic())
-                    _say(out_lock, f"scaletrain launch: {_describe(rank, child.pid, code)}; the job cannot go on "
-                         f"without it: the other processes stop (killed after {kill_after:g} s)")
+                    why = (" after the forwarded signal" if forwarded else
+                           "; the job cannot go on without it: the other processes stop")
+                    _say(out_lock, f"scaletrain launch: {_describe(rank, child.pid, code)}{why} "
+                         f"(any still running are killed after {kill_after:g} s)")
                     break
         elif time.monotonic() - failure[1] > kill_after:
             for child in children:
@@ -176,8 +180,10 @@ def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: flo
         time.sleep(0.1)
     if failure is not None:
         return failure[0]
-    codes = [_status(c.returncode) for c in children]
-    return next((c for c in codes if c), 0)
+    failed = [(rank, c) for rank, c in enumerate(children) if c.returncode]  # all ended within one poll
+    if failed:
+        _say(out_lock, "scaletrain launch: " + "; ".join(_describe(r, c.pid, c.returncode) for r, c in failed))
+    return _status(failed[0][1].returncode) if failed else 0
 
 
 def _say(lock: threading.Lock, text: str) -> None:
