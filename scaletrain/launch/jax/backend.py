@@ -22,7 +22,6 @@ What each process does, and why:
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -35,8 +34,6 @@ from scaletrain.launch.jax.settings import JaxJob, resolve_job
 
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.recipe import Recipe
-
-logger = logging.getLogger("scaletrain")
 
 #: set by ``scaletrain launch`` for its children: process 0 adopts the launcher's lock of output_dir
 LOCK_TOKEN_ENV = "SCALETRAIN_RUN_LOCK_TOKEN"

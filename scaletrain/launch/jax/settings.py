@@ -85,7 +85,7 @@ def wants_jax(recipe: Recipe) -> bool:
     if recipe.launch.backend != "auto":
         return recipe.launch.backend == "jax"
     given = _explicit(recipe)
-    if "coordinator_address" in given or int(given.get("num_processes", (1, ""))[0]) > 1:
+    if "coordinator_address" in given or _int(given.get("num_processes", (1, ""))[0]) > 1:
         return True
     return any(_int(os.environ.get(var)) > 1 for var in _MULTI)
 
