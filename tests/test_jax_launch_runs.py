@@ -235,3 +235,53 @@ def test_sigterm_to_the_launcher_stops_every_process_at_one_step_with_one_checkp
     assert stops[0] == f"stopped: received SIGTERM at step {step}" and 2 < step < 200
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [str(step)]
     assert _summary(out)["stop_reason"] == f"received SIGTERM at step {step}"
+
+
+LOOP = """
+import sys, time
+import numpy as np
+from scaletrain.launch.jax import rendezvous
+from scaletrain.launch.jax.backend import initialize
+from scaletrain.launch.jax.lost import run_naming_a_lost_process
+from scaletrain.launch.jax.settings import JaxJob
+
+job = JaxJob(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 120, 60, "test")
+rendezvous.host(job, lambda: None) if job.process_id == 0 else rendezvous.join(job)
+initialize(job)
+from jax.experimental import multihost_utils
+
+def steps():  # a collective every 50 ms, as a training's steps
+    for i in range(100_000):
+        multihost_utils.process_allgather(np.array([i]))
+        if i == 3:
+            print("steady", flush=True)
+        time.sleep(0.05)
+
+run_naming_a_lost_process(job, steps)
+"""
+
+
+def test_a_process_started_by_hand_names_the_lost_one_at_once():
+    """Two processes started by hand on one host, in a loop of collectives; kill -9 of process 1: process 0's
+    next collective fails, it finds process 1's pid gone, says so in one line and exits 3, long before the
+    heartbeat timeout (60 s) would have ended it."""
+    port = _free_port()
+    children = [subprocess.Popen([sys.executable, "-c", LOOP, str(port), str(rank)], env=_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        assert "steady" in (line.strip() for line in iter(children[0].stdout.readline, ""))  # gloo prints too
+        children[1].kill()
+        killed_at = time.monotonic()
+        children[0].wait(timeout=60)
+        took = time.monotonic() - killed_at
+        errors = [x for x in children[0].stderr.read().splitlines() if x.startswith("scaletrain: error:")]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert children[0].returncode == 3, errors
+    assert errors == ["scaletrain: error: lost process 1 of 2 (it stopped answering: killed, crashed or its host "
+                      "is unreachable); process 0 stops too. Start every process again with "
+                      "training.resume_if_possible=true to continue from the newest checkpoint"]
+    assert took < 20, took
+    print(f"\nprocess 0 named the lost process {took:.1f} s after the kill")
