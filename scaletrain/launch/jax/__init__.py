@@ -3,7 +3,8 @@
 
 :mod:`.settings` finds this process's place (coordinator, count, id); :mod:`.rendezvous`
 checks that the processes agree before JAX starts; :mod:`.backend` initialises
-``jax.distributed`` and trains; :mod:`.supervisor` is ``scaletrain launch --nproc N``.
+``jax.distributed`` and trains; :mod:`.lost` names a process that died; :mod:`.supervisor` is
+``scaletrain launch --nproc N``.
 Names are imported lazily: importing the package imports no JAX.
 """
 
