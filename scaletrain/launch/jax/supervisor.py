@@ -153,7 +153,8 @@ def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: flo
     """Wait for the children; forward signals; after the first failure, kill the rest after ``kill_after`` s."""
     forwarded = 0
     failure: tuple[int, float] | None = None  # (status, when)
-    while any(c.poll() is None for c in children):
+    while True:
+        running = any(c.poll() is None for c in children)  # read before the checks: none is missed at the end
         if len(signals) > forwarded:
             forwarded = len(signals)
             how = signal.SIGTERM if forwarded == 1 else signal.SIGKILL
@@ -164,26 +165,30 @@ def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: flo
                 if child.poll() is None:
                     child.send_signal(how)
         if failure is None:
-            for rank, child in enumerate(children):
-                code = child.poll()
-                if code not in (None, 0):
-                    failure = (_status(code), time.monotonic())
-                    why = (" after the forwarded signal" if forwarded else
-                           "; the job cannot go on without it: the other processes stop")
-                    _say(out_lock, f"scaletrain launch: {_describe(rank, child.pid, code)}{why} "
-                         f"(any still running are killed after {kill_after:g} s)")
-                    break
+            if (cause := _cause(children)) is not None:
+                rank, child = cause
+                failure = (_status(child.returncode), time.monotonic())
+                why = (" after the forwarded signal" if forwarded else
+                       "; the job cannot go on without it: the other processes stop")
+                _say(out_lock, f"scaletrain launch: {_describe(rank, child.pid, child.returncode)}{why}"
+                     + (f" (any still running are killed after {kill_after:g} s)" if running else ""))
         elif time.monotonic() - failure[1] > kill_after:
             for child in children:
                 if child.poll() is None:
                     child.kill()
+        if not running:
+            break
         time.sleep(0.1)
-    if failure is not None:
-        return failure[0]
-    failed = [(rank, c) for rank, c in enumerate(children) if c.returncode]  # all ended within one poll
-    if failed:
-        _say(out_lock, "scaletrain launch: " + "; ".join(_describe(r, c.pid, c.returncode) for r, c in failed))
-    return _status(failed[0][1].returncode) if failed else 0
+    return failure[0] if failure is not None else 0
+
+
+def _cause(children: list[subprocess.Popen]) -> tuple[int, subprocess.Popen] | None:
+    """The failed child to report, or None: one that did not merely stop because another was lost
+    (:data:`~scaletrain.launch.jax.lost.LOST_EXIT`) first, since it is the cause; then the lowest rank."""
+    from scaletrain.launch.jax.lost import LOST_EXIT
+
+    failed = [(rank, c) for rank, c in enumerate(children) if c.poll() not in (None, 0)]
+    return min(failed, key=lambda rc: (rc[1].returncode == LOST_EXIT, rc[0]), default=None)
 
 
 def _say(lock: threading.Lock, text: str) -> None:
