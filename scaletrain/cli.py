@@ -1,4 +1,4 @@
-"""``scaletrain`` command line: ``train``, ``sweep``, ``generate``, ``eval``, ``export`` and ``plot``.
+"""``scaletrain`` command line: ``train``, ``launch``, ``sweep``, ``generate``, ``eval``, ``export`` and ``plot``.
 
 User errors (:class:`ScaletrainError`) print one message and exit with status 2; Ctrl-C
 outside training (which stops at a checkpoint instead) prints one line and exits with 130;
@@ -23,6 +23,15 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train as a YAML recipe says")
     t.add_argument("recipe", help="path to the recipe YAML")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
+    t.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (jax.distributed; docs/launch.md)")
+    t.add_argument("--num-processes", type=int, default=None, help="processes in the job (jax.distributed)")
+    t.add_argument("--process-id", type=int, default=None, help="this process's id, 0..N-1 (jax.distributed)")
+    la = sub.add_parser("launch", help="run a recipe as N processes of one jax.distributed job on this host")
+    la.add_argument("recipe", help="path to the recipe YAML")
+    la.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
+    la.add_argument("--nproc", type=int, required=True, help="processes to start (one per accelerator)")
+    la.add_argument("--kill-after", type=float, default=30.0,
+                    help="seconds the other processes get after one fails, before they are killed (default 30)")
     sw = sub.add_parser("sweep", help="a scaling ladder: one training per scaling index, in parallel on Ray")
     sw.add_argument("recipe", help="path to the recipe YAML")
     sw.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
@@ -88,13 +97,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from scaletrain.launch.backends import run_recipe
     from scaletrain.recipe import Recipe
 
-    recipe = Recipe.load(ns.recipe, ns.overrides)
+    # the address quoted: YAML would read some HOST:PORT spellings as numbers
+    flags = {"coordinator_address": ns.coordinator and f"'{ns.coordinator}'", "num_processes": ns.num_processes,
+             "process_id": ns.process_id}
+    recipe = Recipe.load(ns.recipe, [*ns.overrides, *(f"launch.{k}={v}" for k, v in flags.items() if v is not None)])
     summary = run_recipe(recipe)
     keys = ("final_step", "final_train_loss", "final_eval_loss", "final_eval_bits_per_byte", "tokens_per_s", "mfu")
     print("\n".join(f"{k:26s} {summary.get(k)}" for k in keys))
     if "sample" in summary:
         print("\n--- sample ---\n" + summary["sample"] + "\n--------------")
     return 0
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    from scaletrain.launch.jax.supervisor import launch_processes
+
+    return launch_processes(ns.recipe, ns.overrides, ns.nproc, kill_after=ns.kill_after)
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
@@ -203,8 +221,8 @@ def _main(argv: list[str] | None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging()
-    commands = {"train": cmd_train, "sweep": cmd_sweep, "generate": cmd_generate, "eval": cmd_eval,
-                "export": cmd_export, "plot": cmd_plot}
+    commands = {"train": cmd_train, "launch": cmd_launch, "sweep": cmd_sweep, "generate": cmd_generate,
+                "eval": cmd_eval, "export": cmd_export, "plot": cmd_plot}
     try:
         return commands[ns.command](ns)
     except (ScaletrainError, OSError) as err:

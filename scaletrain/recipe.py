@@ -1,5 +1,5 @@
-"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``sweep``,
-``eval_harness``.
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``launch``,
+``sweep``, ``eval_harness``.
 
 A recipe is validated as a whole; every problem is reported as
 ``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
@@ -118,6 +118,27 @@ class RaySection(BaseModel):
     num_cpus: int | None = Field(None, ge=1)
 
 
+class LaunchSection(BaseModel):
+    """How the processes of a run find each other without Ray (``backend: jax``; docs/launch.md).
+
+    Unset keys come from the command line (``--coordinator``, ``--num-processes``,
+    ``--process-id``), then ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
+    ``JAX_PROCESS_ID``, then JAX's own cluster detection (Slurm, Cloud TPU, Open MPI).
+    ``backend: auto`` picks ``jax`` when any of them says there are several processes.
+    The timeouts bound every wait: joining (``initialization_timeout``) and noticing a
+    lost process (``heartbeat_timeout``), both in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field("auto", pattern="^(auto|local|jax)$")
+    coordinator_address: str | None = Field(None, pattern=r"^\S+:\d+$")
+    num_processes: int | None = Field(None, ge=1)
+    process_id: int | None = Field(None, ge=0)
+    initialization_timeout: int = Field(300, ge=1)
+    heartbeat_timeout: int = Field(60, ge=2)
+
+
 class SweepSection(BaseModel):
     """A scaling ladder (``scaletrain sweep``): one training per scaling index.
 
@@ -149,6 +170,7 @@ class Recipe(BaseModel):
     mesh: MeshSection = MeshSection()
     sample: SampleSection = SampleSection()
     ray: RaySection = RaySection()
+    launch: LaunchSection = LaunchSection()
     sweep: SweepSection = SweepSection()
     # lm-eval tasks and extra eval data sets scored during training (scaletrain.eval.callback)
     eval_harness: EvalHarnessSection = EvalHarnessSection()

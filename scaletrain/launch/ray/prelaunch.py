@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
+from scaletrain.launch.batch_split import check_batch_split
 
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.data.config import DataSection
@@ -23,11 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def check_recipe_before_launch(recipe: Recipe) -> None:
     """Raise the ConfigError / DataError a worker would raise for the batch split, model type, tokenizer or data."""
     n, t = recipe.ray.num_workers or 1, recipe.training
-    if t.total_batch_size % n:
-        raise ConfigError(
-            f"training.total_batch_size={t.total_batch_size} must be divisible by ray.num_workers={n}: "
-            "every worker reads an equal share of each global batch"
-        )
+    check_batch_split(t.total_batch_size, n, "ray.num_workers")
     if not recipe.model.pretrained:
         from scaletrain.models import get_modules_by_type
 
