@@ -114,6 +114,9 @@ class MetricsLogger(Callback):
         if trainer.arguments.z_loss and "z_loss" in values:
             record["z_loss"] = values["z_loss"]
         record.update({k: v for k, v in values.items() if "/" in k})
+        # an objective's own figures named without a "/" (TRL's nll_loss, entropy, kl, ...)
+        record.update({k: values[k] for k in getattr(getattr(trainer, "objective", None), "logged_metrics", ())
+                       if k in values})
         record.update(memory_stats())
         self.last_train = record
         trainer.write_metrics(record)
