@@ -158,17 +158,23 @@ def _dpo_run(out, reference, precompute):
     args = st.DPOConfig(output_dir=str(out), total_batch_size=8, max_length=L, learning_rate=0.0,
                         max_training_steps=1, log_steps=1, progress_bar=False, report_to=(),
                         shuffle_train_dataset=False, precompute_ref_log_probs=precompute, save_at_end=False)
-    trainer = st.DPOTrainer(model=tiny_llama(seed=0, layers=1), ref_model=reference, args=args, train_dataset=fixed_rows(_pairs()))
+    trainer = st.DPOTrainer(model=tiny_llama(seed=0, layers=1), ref_model=reference, args=args,
+                            train_dataset=fixed_rows(_pairs()), eval_dataset=fixed_rows(_pairs(6, seed=5)))
     trainer.train()
     return trainer, first_train_record(str(out))
 
 
 def test_precomputed_reference_log_probs_equal_the_live_reference_and_are_reused(tmp_path, caplog):
-    _, live = _dpo_run(tmp_path / "live", tiny_llama(seed=9, layers=1), False)
+    live_trainer, live = _dpo_run(tmp_path / "live", tiny_llama(seed=9, layers=1), False)
     trainer, pre = _dpo_run(tmp_path / "pre", tiny_llama(seed=9, layers=1), True)
     assert trainer.objective.reference_source == "precomputed" and trainer.model_state.frozen_models == {}
     for key in ("loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
         np.testing.assert_allclose(pre[key], live[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    # evaluation reports TRL's figures with TRL's eval_ prefix; its six rows fill a batch of 8 with two empty rows
+    evals = [trainer.last_eval[1], live_trainer.last_eval[1]]
+    assert {"eval_loss", "eval_rewards/accuracies", "eval_logps/chosen", "eval_logits/rejected"} <= set(evals[0])
+    for key in evals[1]:
+        np.testing.assert_allclose(evals[0][key], evals[1][key], rtol=1e-5, atol=1e-7, err_msg=key)
     stored = tmp_path / "pre" / "reference_logps" / "train.npz"
     stamp = stored.stat().st_mtime_ns
     with caplog.at_level("INFO", logger="scaletrain"):
