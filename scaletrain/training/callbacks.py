@@ -99,7 +99,9 @@ class MetricsLogger(Callback):
         values = metrics.host()  # waits for this step: the only sync in the loop
         now = time.perf_counter()
         steps = step - self._last_step
-        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length
+        # a preference row holds two sequences (chosen and rejected, or KTO's row and its KL row): both are forwarded
+        per_row = getattr(getattr(trainer, "objective", None), "sequences_per_row", 1)
+        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length * per_row
         perf = trainer.throughput(tokens, now - (self._last_time or now))
         first_interval = self._last_step == trainer.start_step
         self._last_time, self._last_step = now, step
