@@ -168,6 +168,8 @@ def test_precomputed_reference_log_probs_equal_the_live_reference_and_are_reused
     live_trainer, live = _dpo_run(tmp_path / "live", tiny_llama(seed=9, layers=1), False)
     trainer, pre = _dpo_run(tmp_path / "pre", tiny_llama(seed=9, layers=1), True)
     assert trainer.objective.reference_source == "precomputed" and trainer.model_state.frozen_models == {}
+    assert live_trainer.summary["reference"]["reference"] == "ref_model (given)"  # recorded with its digest
+    assert live_trainer.summary["reference"]["reference_sha256"] == trainer.summary["reference"]["reference_sha256"]
     for key in ("loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
         np.testing.assert_allclose(pre[key], live[key], rtol=1e-5, atol=1e-7, err_msg=key)
     # evaluation reports TRL's figures with TRL's eval_ prefix; its six rows fill a batch of 8 with two empty rows

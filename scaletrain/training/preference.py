@@ -153,6 +153,16 @@ class PreferenceTrainer(Trainer):
         meta["reference"] = self.reference_record
         return meta
 
+    def write_summary(self, state: TrainState) -> dict[str, Any]:
+        """The base summary plus the objective's name and the reference read (path and digest)."""
+        from scaletrain.training.outputs import write_summary
+
+        summary = super().write_summary(state)
+        summary.update(objective=self.objective.name, reference=self.reference_record)
+        if self.is_main_process:
+            write_summary(self.arguments.ensure_output_dir(), summary)
+        return summary
+
     def maybe_resume(self, state: TrainState) -> TrainState:
         """The base resume, then the reference check: a run resumed against another reference is refused."""
         state = super().maybe_resume(state)
