@@ -153,6 +153,13 @@ class PreferenceTrainer(Trainer):
         meta["reference"] = self.reference_record
         return meta
 
+    def starting_state(self, state: TrainState | None = None, model_parameters: Any = None) -> TrainState:
+        """The base's, with this trainer's reference kept: a state passed to ``train(state=...)`` carries the
+        policy, while the reference was set up when the model was configured."""
+        if state is not None:
+            state = state.replace(frozen_models=self._model_state.frozen_models)
+        return super().starting_state(state, model_parameters)
+
     def write_summary(self, state: TrainState) -> dict[str, Any]:
         """The base summary plus the objective's name and the reference read (path and digest)."""
         from scaletrain.training.outputs import write_summary
