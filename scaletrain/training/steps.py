@@ -200,7 +200,10 @@ def rank_sharding(sharding: Any, ndim: int) -> Any:
 
 
 def batch_shardings(batch: Mapping[str, Any], sharding: Any) -> dict[str, Any]:
-    """Each key of ``batch`` (arrays or shape structs) with :func:`rank_sharding` of its rank."""
+    """Each key of ``batch`` (arrays or shape structs) with :func:`rank_sharding` of its rank
+    (``sharding`` given per key already, as a mapping, is used as it is)."""
+    if isinstance(sharding, Mapping):
+        return dict(sharding)
     return {k: rank_sharding(sharding, len(v.shape)) for k, v in batch.items()}
 
 
