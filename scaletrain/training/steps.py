@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.key_paths import key_names
 from scaletrain.models.scanned_layers import stacked_axes
-from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen
+from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen, with_batch_totals
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.state import TrainState
 
@@ -64,10 +64,13 @@ def split_microbatches(batch: Batch, num: int) -> Batch:
     """[num * m, ...] -> [num, m, ...], micro-batch g taking rows g, g+num, ...
 
     Interleaving keeps each micro-batch's rows on the devices that already hold
-    them when the batch axis is sharded, so no data moves between devices.
+    them when the batch axis is sharded, so no data moves between devices. A scalar
+    (a whole-batch total, ``objectives.base.with_batch_totals``) goes to every micro-batch.
     """
 
     def split(x: jax.Array) -> jax.Array:
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (num,))
         m = x.shape[0] // num
         return jnp.swapaxes(x.reshape(m, num, *x.shape[1:]), 0, 1)
 
@@ -136,6 +139,7 @@ def train_step(
     corrupts the state that later checkpoints save.
     """
     check_batch(objective, batch)
+    batch = with_batch_totals(objective, batch)
     grad_fn = jax.grad(objective_fn(state, objective), has_aux=True)
     if gradient_accumulation_steps == 1:
         grads, sums = grad_fn(state.params, batch)
@@ -189,6 +193,7 @@ def eval_step(state: TrainState, batch: Batch, *, objective: Objective,
     """``objective``'s sums for ``batch`` (no update), in micro-batches like the train step;
     ``objective.eval_metrics`` turns their total over the eval set into figures."""
     check_batch(objective, batch)
+    batch = with_batch_totals(objective, batch)
     f = objective_fn(state, objective)
     if gradient_accumulation_steps == 1:
         return f(state.params, batch)[1]
