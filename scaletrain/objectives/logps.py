@@ -19,7 +19,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scaletrain.objectives.loss import target_mask
+from scaletrain.objectives.chunked_logps import token_stats
+from scaletrain.objectives.loss import resolve_chunk_size, target_mask
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -41,28 +42,30 @@ def sequence_stats(model: Any, input_ids: Array, segment_ids: Array, loss_mask: 
 
     ``segment_ids`` is 1 on real tokens and 0 on padding, ``loss_mask`` 1 on completion tokens.
     Positions default to ``0..L-1`` per row (the rows are right-padded, one sequence each).
-    Logits are computed whole, in float32.
+    The head runs chunk by chunk (:func:`~scaletrain.objectives.chunked_logps.token_stats`: no
+    whole ``[N, L, V]`` logits), chunks sized as the LM loss's ``auto`` (one chunk for a small
+    vocabulary); only the log-probabilities carry a gradient.
     """
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     hidden, _ = model.hidden_states_and_aux(input_ids, positions=positions, segment_ids=segment_ids)
-    logits = model.compute_logits(hidden).astype(jnp.float32)  # [N, L, V]
+    length = input_ids.shape[1]
+    kernel, transposed = model.lm_head_weight()
+    pa = model.config.partition_axis
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)))  # position t scores token t+1; the last: masked below
+    stats = token_stats(hidden, kernel, targets, model.dtype,
+                        resolve_chunk_size("auto", model.config.vocab_size, length) or length, model.precision,
+                        transposed, pa.batch_axis, pa.sequence_axis, model.logit_softcap())
     completion = target_mask(input_ids, segment_ids, loss_mask)  # [N, L-1]: position t predicts token t+1
     real_targets = target_mask(input_ids, segment_ids, None)
     real = (segment_ids != 0).astype(jnp.float32)
-    head = logits[:, :-1]
-    log_z = jax.nn.logsumexp(head, axis=-1)
-    target = jnp.take_along_axis(head, input_ids[:, 1:, None], axis=-1)[..., 0]
-    logp = target - log_z
-    probs = jnp.exp(head - log_z[..., None])
-    entropy = log_z - jnp.sum(probs * head, axis=-1)
-    top1 = (jnp.argmax(head, axis=-1) == input_ids[:, 1:]).astype(jnp.float32)
-    mean_logit = jnp.mean(logits, axis=-1)  # [N, L]
+    logp, entropy, top1 = stats.logp[:, :-1], stats.entropy[:, :-1], stats.top1[:, :-1]
+    mean_logit = stats.mean_logit  # [N, L]
     return {
         "logps": jnp.sum(logp * completion, axis=-1),
         "tokens": jnp.sum(completion, axis=-1),
         "logit_sum": jnp.sum(mean_logit[:, :-1] * completion, axis=-1),
-        "entropy_sum": jnp.sum(jax.lax.stop_gradient(entropy) * completion, axis=-1),
+        "entropy_sum": jnp.sum(entropy * completion, axis=-1),
         "top1_sum": jnp.sum(top1 * completion, axis=-1),
         "seq_logps": jnp.sum(logp * real_targets, axis=-1),
         "seq_tokens": jnp.sum(real_targets, axis=-1),
