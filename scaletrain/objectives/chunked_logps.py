@@ -75,13 +75,24 @@ def token_stats(hidden: Array, kernel: Array, targets: Array, dtype: Any, chunk_
 def _chunk_figures(h: Array, w: Array, t: Array, precision: Any, transposed: bool,
                    softcap: float | None) -> tuple[Array, Array, tuple[Array, Array, Array]]:
     """``(logp, log Z, (mean logit, entropy, top1))`` of one chunk, each [N, P, chunk]."""
-    logits = _chunk_logits(h, w, precision, transposed, softcap)[0]
-    log_z = jax.nn.logsumexp(logits, axis=-1)
+    return logit_figures(_chunk_logits(h, w, precision, transposed, softcap)[0], t)
+
+
+def logit_figures(logits: Array, t: Array) -> tuple[Array, Array, tuple[Array, Array, Array]]:
+    """``(log p(t), log Z, (mean logit, entropy, top1))`` of float32 ``logits`` [..., V] against targets ``t``,
+    in two passes over the logits (the max; the exponentials' sums) plus the top-1 test."""
+    # one pass for the max, one for the exponentials' sums: log Z and E[logit] share the exponentials
+    peak = jnp.max(logits, axis=-1)
+    e = jnp.exp(logits - peak[..., None])
+    mass, weighted = jnp.sum(e, axis=-1), jnp.sum(e * logits, axis=-1)
+    log_z = peak + jnp.log(mass)
     target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
-    probs = jnp.exp(logits - log_z[..., None])
-    entropy = log_z - jnp.sum(probs * logits, axis=-1)
-    top1 = (jnp.argmax(logits, axis=-1) == t).astype(jnp.float32)
-    return target - log_z, log_z, (jnp.mean(logits, axis=-1), entropy, top1)
+    # "the target is the first argmax" without an argmax (several times slower on CPU): it is the maximum
+    # and no entry before it reaches it
+    vocab = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    earlier = jnp.any((logits >= target[..., None]) & (vocab < t[..., None]), axis=-1)
+    top1 = ((target >= peak) & ~earlier).astype(jnp.float32)
+    return target - log_z, log_z, (jnp.mean(logits, axis=-1), log_z - weighted / mass, top1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
