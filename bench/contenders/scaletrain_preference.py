@@ -10,6 +10,11 @@ all see the same machine. Variants:
 - ``sft``: the LM objective over chosen and rejected rows as one ``[2B, L]`` batch,
   loss on completion tokens: the same tokens as a DPO step, without the reference.
 - ``lora-sft``: the same with rank-``lora_rank`` adapters on every linear layer.
+- ``dpo-frozen``: the DPO objective (sigmoid, ``beta``) over the same pairs, the reference a
+  frozen copy of the starting weights in ``TrainState.frozen_models``;
+- ``dpo-precomputed``: the same with the reference's log-probabilities in the batch
+  (computed once, before the timed steps), no reference model;
+- ``lora-dpo-adapters-off``: LoRA-DPO, the reference the base with its adapters off.
 
 Reported per variant: median seconds per step, XLA's compiled peak (arguments +
 temporaries + outputs not aliased to arguments), the bytes of the trained parameters
@@ -64,6 +69,34 @@ def sft_batches(arrays: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     return out
 
 
+#: DPO variant -> where its reference log-probabilities come from (``DPOObjective.reference``)
+DPO_REFERENCE = {"dpo-frozen": "model", "dpo-precomputed": "precomputed", "lora-dpo-adapters-off": "adapters_off"}
+
+
+def pair_batches(arrays: dict[str, Any], batch: int) -> list[dict[str, Any]]:
+    """The preference batch keys of each batch of ``batch`` pairs."""
+    n = arrays["chosen_input_ids"].shape[0] // batch
+    return [{key: value[i * batch:(i + 1) * batch] for key, value in arrays.items()} for i in range(n)]
+
+
+def with_reference_logps(model: Any, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each batch with ``ref_chosen_logps`` / ``ref_rejected_logps`` of the starting ``model`` (what
+    ``precompute_ref_log_probs`` stores before training), computed here outside the timed steps."""
+    import jax
+    import numpy as np
+
+    from scaletrain.objectives.logps import row_logps
+
+    score = jax.jit(lambda ids, seg, mask: row_logps(model, ids, seg, mask, None))
+    out = []
+    for b in batches:
+        extra = {f"ref_{side}_logps": np.asarray(score(b[f"{side}_input_ids"], b[f"{side}_segment_ids"],
+                                                       b[f"{side}_loss_mask"]), np.float32)
+                 for side in ("chosen", "rejected")}
+        out.append({**b, **extra})
+    return out
+
+
 def build(variant: str, spec: dict[str, Any], arrays: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]]:
     """A zero-argument step of ``variant`` (state kept inside, batches cycled) and its memory figures."""
     import jax
@@ -77,18 +110,30 @@ def build(variant: str, spec: dict[str, Any], arrays: dict[str, Any]) -> tuple[C
     from scaletrain.training.state import create_train_state, state_shardings
     from scaletrain.training.steps import make_step_functions
 
-    if variant not in ("sft", "lora-sft"):
+    if variant not in ("sft", "lora-sft", *DPO_REFERENCE):
         raise SystemExit(f"unknown variant {variant!r}")
     model, mesh = place_model(load_model(spec, lora=variant.startswith("lora")))
-    length = spec["max_length"]
+    length, dpo = spec["max_length"], variant in DPO_REFERENCE
     args = st.TrainingArguments(max_training_steps=1000, num_train_epochs=None, scheduler="constant",
-                                total_batch_size=2 * spec["batch"], max_length=length,
+                                total_batch_size=spec["batch"] * (1 if dpo else 2), max_length=length,
                                 learning_rate=spec["learning_rate"])
     tx = make_optimizer(args, make_schedule(args, 1000))
-    objective = LanguageModelObjective(chunk_size=resolve_chunk_size("auto", model.config.vocab_size, length))
-    batches = sft_batches(arrays, spec["batch"])
+    if dpo:
+        from scaletrain.objectives.dpo import DPOObjective
+
+        objective: Any = DPOObjective(beta=spec["beta"], reference=DPO_REFERENCE[variant])
+        batches = pair_batches(arrays, spec["batch"])
+        if objective.reference == "precomputed":
+            batches = with_reference_logps(model, batches)
+    else:
+        objective = LanguageModelObjective(chunk_size=resolve_chunk_size("auto", model.config.vocab_size, length))
+        batches = sft_batches(arrays, spec["batch"])
     state = create_train_state(model, tx, mesh)
     del model
+    if dpo and objective.reference == "model":
+        from scaletrain.training.reference import copy_of
+
+        state = state.replace(frozen_models={"reference": copy_of(state.graphdef, state.params, state.frozen)})
     bs = NamedSharding(mesh, PartitionSpec(*args.step_partition_spec))
     train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), objective)
     data = [jax.device_put(b, bs) for b in batches]
