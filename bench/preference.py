@@ -214,12 +214,12 @@ def summarise(ours: list[dict], trl: dict[str, list[dict]], spec: dict[str, Any]
 def print_table(summary: dict[str, Any], spec: dict[str, Any]) -> None:
     print(f"model {spec['model']}  batch {spec['batch']} pairs  L={spec['max_length']}  "
           f"(tokens/s count 2·B·L chosen + rejected tokens per step)")
-    print(f"{'run':<28} {'tokens/s':>9} {'pairs/s':>8} {'peak MB':>9} {'reference MB':>13}")
+    print(f"{'run':<34} {'tokens/s':>9} {'pairs/s':>8} {'peak MB':>9} {'reference MB':>13}")
     for name, r in summary["scaletrain"].items():
-        print(f"{'scaletrain ' + name:<28} {r['tokens_per_s']:>9.0f} {r['pairs_per_s']:>8.2f} "
+        print(f"{'scaletrain ' + name:<34} {r['tokens_per_s']:>9.0f} {r['pairs_per_s']:>8.2f} "
               f"{r.get('compiled_peak_bytes', 0) / 2**20:>9.0f} {r.get('reference_bytes', 0) / 2**20:>13.1f}")
     for name, r in summary["trl"].items():
-        print(f"{'TRL DPOTrainer ' + name:<28} {'':>9} {r['pairs_per_s']:>8.2f} {r['peak_rss_mb']:>9.0f} "
+        print(f"{'TRL DPOTrainer ' + name:<34} {'':>9} {r['pairs_per_s']:>8.2f} {r['peak_rss_mb']:>9.0f} "
               f"{r['reference_weight_bytes'] / 2**20:>13.1f}  (peak = process RSS)")
     print("ratios: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["ratios"].items()))
 

@@ -69,7 +69,7 @@ def sft_batches(arrays: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     return out
 
 
-#: DPO variant -> where its reference log-probabilities come from (``DPOObjective.reference``)
+#: DPO variant -> where its reference log-probabilities come from (``DPOObjective.reference_source``)
 DPO_REFERENCE = {"dpo-frozen": "model", "dpo-precomputed": "precomputed", "lora-dpo-adapters-off": "adapters_off"}
 
 
@@ -79,22 +79,18 @@ def pair_batches(arrays: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     return [{key: value[i * batch:(i + 1) * batch] for key, value in arrays.items()} for i in range(n)]
 
 
-def with_reference_logps(model: Any, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each batch with ``ref_chosen_logps`` / ``ref_rejected_logps`` of the starting ``model`` (what
+def with_reference_logps(state: Any, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each batch with ``ref_chosen_logps`` / ``ref_rejected_logps`` of the starting model (what
     ``precompute_ref_log_probs`` stores before training), computed here outside the timed steps."""
     import jax
     import numpy as np
 
+    from scaletrain.objectives.dpo import DPOObjective
     from scaletrain.objectives.logps import row_logps
 
-    score = jax.jit(lambda ids, seg, mask: row_logps(model, ids, seg, mask, None))
-    out = []
-    for b in batches:
-        extra = {f"ref_{side}_logps": np.asarray(score(b[f"{side}_input_ids"], b[f"{side}_segment_ids"],
-                                                       b[f"{side}_loss_mask"]), np.float32)
-                 for side in ("chosen", "rejected")}
-        out.append({**b, **extra})
-    return out
+    inputs = DPOObjective().reference_inputs
+    score = jax.jit(lambda st, b: {k: row_logps(st.model, *rows) for k, rows in inputs(b).items()})
+    return [{**b, **{k: np.asarray(v, np.float32) for k, v in score(state, b).items()}} for b in batches]
 
 
 def build(variant: str, spec: dict[str, Any], arrays: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]]:
@@ -108,7 +104,7 @@ def build(variant: str, spec: dict[str, Any], arrays: dict[str, Any]) -> tuple[C
     from scaletrain.objectives.loss import resolve_chunk_size
     from scaletrain.training.optim import make_optimizer, make_schedule
     from scaletrain.training.state import create_train_state, state_shardings
-    from scaletrain.training.steps import make_step_functions
+    from scaletrain.training.steps import batch_shardings, make_step_functions
 
     if variant not in ("sft", "lora-sft", *DPO_REFERENCE):
         raise SystemExit(f"unknown variant {variant!r}")
@@ -121,22 +117,23 @@ def build(variant: str, spec: dict[str, Any], arrays: dict[str, Any]) -> tuple[C
     if dpo:
         from scaletrain.objectives.dpo import DPOObjective
 
-        objective: Any = DPOObjective(beta=spec["beta"], reference=DPO_REFERENCE[variant])
+        objective: Any = DPOObjective(beta=spec["beta"], reference_source=DPO_REFERENCE[variant])
         batches = pair_batches(arrays, spec["batch"])
-        if objective.reference == "precomputed":
-            batches = with_reference_logps(model, batches)
     else:
         objective = LanguageModelObjective(chunk_size=resolve_chunk_size("auto", model.config.vocab_size, length))
         batches = sft_batches(arrays, spec["batch"])
     state = create_train_state(model, tx, mesh)
     del model
-    if dpo and objective.reference == "model":
+    if dpo and objective.reference_source == "model":
         from scaletrain.training.reference import copy_of
 
         state = state.replace(frozen_models={"reference": copy_of(state.graphdef, state.params, state.frozen)})
+    if dpo and objective.reference_source == "precomputed":
+        with jax.set_mesh(mesh):
+            batches = with_reference_logps(state, batches)
     bs = NamedSharding(mesh, PartitionSpec(*args.step_partition_spec))
     train, _ = make_step_functions(tx, state_shardings(state), bs, NamedSharding(mesh, PartitionSpec()), objective)
-    data = [jax.device_put(b, bs) for b in batches]
+    data = [jax.device_put(b, batch_shardings(b, bs)) for b in batches]
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         compiled = train.lower(state, data[0]).compile()
