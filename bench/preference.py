@@ -185,7 +185,10 @@ def summarise(ours: list[dict], trl: dict[str, list[dict]], spec: dict[str, Any]
         last = ours[0]["variants"][name]
         secs = last["per_round_seconds"]
         s = statistics.median(secs)
+        cpu = statistics.median(last["per_round_cpu_seconds"])
         table[name] = {"seconds_per_step": s, "tokens_per_s": tokens / s, "pairs_per_s": spec["batch"] / s,
+                       "cpu_seconds_per_step": cpu, "tokens_per_cpu_s": tokens / cpu,
+                       "pairs_per_cpu_s": spec["batch"] / cpu,
                        "per_round_tokens_per_s": [tokens / x for x in secs],
                        **{k: last[k] for k in ("compiled_peak_bytes", "params_bytes", "reference_bytes",
                                                "optimizer_bytes", "compile_s", "loss") if k in last}}
@@ -193,12 +196,15 @@ def summarise(ours: list[dict], trl: dict[str, list[dict]], spec: dict[str, Any]
     for dpo, sft in (("dpo-frozen", "sft"), ("dpo-precomputed", "sft"), ("lora-dpo-adapters-off", "lora-sft")):
         if dpo in table and sft in table:
             ratios[f"{dpo}_vs_{sft}"] = table[dpo]["tokens_per_s"] / table[sft]["tokens_per_s"]
+            ratios[f"{dpo}_vs_{sft}_per_cpu_s"] = table[dpo]["tokens_per_cpu_s"] / table[sft]["tokens_per_cpu_s"]
     peers: dict[str, Any] = {}
     for variant, results in trl.items():
         if not results:
             continue
         s = statistics.median(r["seconds_per_step"] for r in results)
-        peers[variant] = {"seconds_per_step": s, "pairs_per_s": spec["batch"] / s,
+        cpu = statistics.median(r["cpu_seconds_per_step"] for r in results)
+        peers[variant] = {"seconds_per_step": s, "pairs_per_s": spec["batch"] / s, "cpu_seconds_per_step": cpu,
+                          "pairs_per_cpu_s": spec["batch"] / cpu,
                           "per_round_pairs_per_s": [r["pairs_per_s"] for r in results],
                           "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
                           "reference_weight_bytes": results[-1]["reference_weight_bytes"],
@@ -208,19 +214,22 @@ def summarise(ours: list[dict], trl: dict[str, list[dict]], spec: dict[str, Any]
     for variant, p in peers.items():
         if mine[variant] in table:
             ratios[f"{mine[variant]}_vs_trl_{variant}"] = table[mine[variant]]["pairs_per_s"] / p["pairs_per_s"]
+            ratios[f"{mine[variant]}_vs_trl_{variant}_per_cpu_s"] = (table[mine[variant]]["pairs_per_cpu_s"]
+                                                                     / p["pairs_per_cpu_s"])
     return {"scaletrain": table, "trl": peers, "ratios": ratios}
 
 
 def print_table(summary: dict[str, Any], spec: dict[str, Any]) -> None:
     print(f"model {spec['model']}  batch {spec['batch']} pairs  L={spec['max_length']}  "
           f"(tokens/s count 2·B·L chosen + rejected tokens per step)")
-    print(f"{'run':<34} {'tokens/s':>9} {'pairs/s':>8} {'peak MB':>9} {'reference MB':>13}")
+    print(f"{'run':<34} {'tokens/s':>9} {'pairs/s':>8} {'pairs/CPU-s':>11} {'peak MB':>9} {'reference MB':>13}")
     for name, r in summary["scaletrain"].items():
-        print(f"{'scaletrain ' + name:<34} {r['tokens_per_s']:>9.0f} {r['pairs_per_s']:>8.2f} "
-              f"{r.get('compiled_peak_bytes', 0) / 2**20:>9.0f} {r.get('reference_bytes', 0) / 2**20:>13.1f}")
+        print(f"{'scaletrain ' + name:<34} {r['tokens_per_s']:>9.0f} {r['pairs_per_s']:>8.3f} "
+              f"{r['pairs_per_cpu_s']:>11.3f} {r.get('compiled_peak_bytes', 0) / 2**20:>9.0f} "
+              f"{r.get('reference_bytes', 0) / 2**20:>13.1f}")
     for name, r in summary["trl"].items():
-        print(f"{'TRL DPOTrainer ' + name:<34} {'':>9} {r['pairs_per_s']:>8.2f} {r['peak_rss_mb']:>9.0f} "
-              f"{r['reference_weight_bytes'] / 2**20:>13.1f}  (peak = process RSS)")
+        print(f"{'TRL DPOTrainer ' + name:<34} {'':>9} {r['pairs_per_s']:>8.3f} {r['pairs_per_cpu_s']:>11.3f} "
+              f"{r['peak_rss_mb']:>9.0f} {r['reference_weight_bytes'] / 2**20:>13.1f}  (peak = process RSS)")
     print("ratios: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["ratios"].items()))
 
 

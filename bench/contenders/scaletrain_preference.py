@@ -183,8 +183,9 @@ def run(spec: dict[str, Any], rounds: Any = None) -> dict[str, Any]:
     for variant in spec["variants"]:
         loss = float(jax.block_until_ready(steps[variant]()))
         wall = [b[f"{variant}_wall_s"] for b in bursts]
+        cpu = [b[f"{variant}_cpu_s"] for b in bursts]
         out[variant] = {**figures[variant], "seconds_per_step": statistics.median(wall), "per_round_seconds": wall,
-                        "cpu_seconds_per_step": statistics.median(b[f"{variant}_cpu_s"] for b in bursts),
+                        "cpu_seconds_per_step": statistics.median(cpu), "per_round_cpu_seconds": cpu,
                         "loss": loss}
     return {"variants": out, "backend": jax.default_backend()}
 

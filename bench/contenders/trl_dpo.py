@@ -12,7 +12,8 @@ same thing: ``bf16`` (float32 here, as scaletrain's side) and ``gradient_checkpo
 (scaletrain's step does not recompute activations; the spec may turn it back on). TRL's
 own defaults otherwise (its optimizer, its per-batch padding to the longest sequence,
 sigmoid loss), no gradient accumulation, no logging or saving in the timed steps. Seconds per step are read by a callback at each
-step's end; the result is the mean over the timed steps after the warm-up steps.
+step's end (wall and this process's CPU seconds); the result is the mean over the timed steps
+after the warm-up steps.
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                                  target_modules="all-linear", task_type="CAUSAL_LM")
     total = spec["warmup"] + spec["steps"]
     marks: list[float] = []
+    cpu_marks: list[float] = []
     losses: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             marks.append(time.perf_counter())
+            cpu_marks.append(time.process_time())
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
@@ -85,6 +88,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "variant": spec["variant"],
         "reference": variant,
         "seconds_per_step": per_step,
+        "cpu_seconds_per_step": (cpu_marks[-1] - cpu_marks[spec["warmup"] - 1]) / len(timed),
         "pairs_per_s": spec["batch"] / per_step,
         "step_seconds": [b - a for a, b in zip(marks, marks[1:])],
         "train_wall_s": wall,
