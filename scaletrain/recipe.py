@@ -1,4 +1,5 @@
-"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``sweep``.
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``objective``, ``mesh``, ``sample``, ``ray``,
+``launch``, ``sweep``, ``eval_harness``.
 
 A recipe is validated as a whole; every problem is reported as
 ``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
@@ -18,6 +19,7 @@ from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.config_keys import problem_lines
 from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
+from scaletrain.eval.config import EvalHarnessSection
 from scaletrain.peft.lora_config import LoRAConfig
 from scaletrain.parallel.mesh import AXIS_NAMES
 from scaletrain.parallel.partition import PartitionAxis
@@ -77,6 +79,29 @@ class TokenizerSection(BaseModel):
     path: str | None = None
 
 
+class ObjectiveSection(BaseModel):
+    """What training optimises: ``type`` (``lm``, ``dpo``, ``orpo``, ``cpo``, ``simpo``, ``kto``; the registry of
+    ``scaletrain.objectives.registry``) and its options under TRL's names (``beta``, ``loss_type``, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "lm"
+
+    @model_validator(mode="after")
+    def _valid_options(self) -> ObjectiveSection:
+        from scaletrain.objectives.registry import build_objective
+
+        try:
+            build_objective(self.type, self.options)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class MeshSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -116,6 +141,27 @@ class RaySection(BaseModel):
     num_cpus: int | None = Field(None, ge=1)
 
 
+class LaunchSection(BaseModel):
+    """How the processes of a run find each other without Ray (``backend: jax``; docs/launch.md).
+
+    Unset keys come from the command line (``--coordinator``, ``--num-processes``,
+    ``--process-id``), then ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
+    ``JAX_PROCESS_ID``, then JAX's own cluster detection (Slurm, Cloud TPU, Open MPI).
+    ``backend: auto`` picks ``jax`` when any of them says there are several processes.
+    The timeouts bound every wait: joining (``initialization_timeout``) and noticing a
+    lost process (``heartbeat_timeout``), both in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field("auto", pattern="^(auto|local|jax)$")
+    coordinator_address: str | None = Field(None, pattern=r"^\S+:\d+$")
+    num_processes: int | None = Field(None, ge=1)
+    process_id: int | None = Field(None, ge=0)
+    initialization_timeout: int = Field(300, ge=1)
+    heartbeat_timeout: int = Field(60, ge=2)
+
+
 class SweepSection(BaseModel):
     """A scaling ladder (``scaletrain sweep``): one training per scaling index.
 
@@ -142,12 +188,16 @@ class Recipe(BaseModel):
     data: DataSection = DataSection()
     tokenizer: TokenizerSection = TokenizerSection()
     training: TrainingArguments = TrainingArguments()
+    objective: ObjectiveSection = ObjectiveSection()
     # LoRA / QLoRA (scaletrain.peft.lora_config); the same object as training.lora
     lora: LoRAConfig | None = None
     mesh: MeshSection = MeshSection()
     sample: SampleSection = SampleSection()
     ray: RaySection = RaySection()
+    launch: LaunchSection = LaunchSection()
     sweep: SweepSection = SweepSection()
+    # lm-eval tasks and extra eval data sets scored during training (scaletrain.eval.callback)
+    eval_harness: EvalHarnessSection = EvalHarnessSection()
 
     @model_validator(mode="after")
     def _lora_into_training(self) -> Recipe:
@@ -158,6 +208,23 @@ class Recipe(BaseModel):
         if lora is not None and lora.base_model is None and self.model.pretrained:
             lora = lora.model_copy(update={"base_model": self.model.pretrained})
         self.lora = self.training.lora = lora
+        return self
+
+    @model_validator(mode="after")
+    def _objective_reads_its_data(self) -> Recipe:
+        """An objective that reads pairs (or KTO's rows) needs the data kind that serves them."""
+        from scaletrain.objectives.registry import get_objective_type
+
+        try:
+            want = get_objective_type(self.objective.type).data_kind
+        except ConfigError:
+            return self  # reported by the objective section
+        if want is not None and self.data.kind != want:
+            raise ValueError(f"objective.type={self.objective.type!r} reads rows of the data kind {want!r}, but "
+                             f"data.kind is {self.data.kind!r}; set data.kind: {want}")
+        if want is None and self.data.kind in ("preference", "unpaired_preference"):
+            raise ValueError(f"data.kind={self.data.kind!r} serves preference rows; set objective.type to dpo, orpo, "
+                             "cpo, simpo or kto")
         return self
 
     @classmethod
@@ -199,6 +266,8 @@ class Recipe(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json")
         out["model"] = {"type": self.model.type, "pretrained": self.model.pretrained, **self.model.config_overrides}
+        if self.eval_harness == EvalHarnessSection():  # unset: a recipe written before the section reads the same
+            out.pop("eval_harness")
         return out
 
 

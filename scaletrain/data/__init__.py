@@ -14,18 +14,22 @@ from scaletrain.data.corpus import (
     read_text_files,
 )
 from scaletrain.data.loader import as_source_or_rows, make_batch_iterator, steps_per_epoch
+from scaletrain.data.mixture import MixtureRows, mix_rows
 from scaletrain.data.packing import PackedRows, first_fit, pack_documents, pack_pieces, split_into_pieces
 from scaletrain.data.prepared import prepare_tokenizer, resolve_tokenizer_path
 from scaletrain.data.processing import extract_column_names, process_messages_data, process_sample_data
 from scaletrain.data.records import ROLES, BadRows, check_messages, iter_conversations, iter_texts
 from scaletrain.data.sources import SourceRow, iter_source
 from scaletrain.data.splits import LMSplits, build_lm_splits
+from scaletrain.data.table import FixedRows
 from scaletrain.data.tokenizer import load_processor
 
 __all__ = [
     "BadRows",
     "ChatEncoder",
+    "FixedRows",
     "LMSplits",
+    "MixtureRows",
     "PackedRows",
     "ROLES",
     "SourceRow",
@@ -46,6 +50,7 @@ __all__ = [
     "load_bundled_corpus",
     "load_processor",
     "make_batch_iterator",
+    "mix_rows",
     "pack_documents",
     "pack_pieces",
     "prepare_tokenizer",

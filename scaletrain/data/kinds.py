@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scaletrain.data.records import BadRows, iter_conversations, iter_texts
-from scaletrain.errors import DataError
+from scaletrain.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from scaletrain.data.splits import LMSplits
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 #: against this registry, so it is not imported here)
 DataSection = Any
 
-#: ``rows(source, split)``: the kind's column of a source's rows, streamed
-Rows = Callable[[str, str], Iterator[Any]]
+#: ``rows(source, split[, column])``: the kind's column (or another named one) of a source's rows, streamed
+Rows = Callable[..., Iterator[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,5 +116,44 @@ def _build_chat(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, 
     )
 
 
+def _set_chat_template(data: DataSection, tokenizer: Any) -> None:
+    """``data.chat_template`` on the tokenizer, so a saved checkpoint carries the template it was trained with."""
+    if data.chat_template:
+        tokenizer.chat_template = load_chat_template(data.chat_template)
+
+
+def _build_preference(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
+                      truncation_mode: str) -> LMSplits:
+    """Pairs (prompt / chosen / rejected) as TRL's DPOTrainer prepares them (or its ORPO/CPO trainers, with
+    ``data.preparation: trl_orpo``), one pair per row."""
+    from scaletrain.data.preference import build_preference
+    from scaletrain.data.preference_legacy import OrpoPairEncoder
+
+    _set_chat_template(data, tokenizer)
+    encoder = None
+    if data.preparation == "trl_orpo":
+        encoder = OrpoPairEncoder(tokenizer, max_length, "keep_start", data.max_prompt_length)
+    return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
+                            truncation_mode=truncation_mode, paired=True, encoder=encoder)
+
+
+def _build_unpaired(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
+                    truncation_mode: str) -> LMSplits:
+    """KTO rows (prompt / completion / label) as TRL's KTOTrainer prepares them, with their KL rows."""
+    from scaletrain.data.preference import build_preference
+
+    if data.preparation != "trl_dpo":
+        raise ConfigError(f"data.preparation: {data.preparation} is for kind: preference; KTO rows are prepared as "
+                          "TRL's KTOTrainer does (data.preparation: trl_dpo)")
+
+    _set_chat_template(data, tokenizer)
+    return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
+                            truncation_mode=truncation_mode, paired=False)
+
+
 register_data_kind(DataKind("pretrain", column=lambda d: d.text_column, build=_build_pretrain))
 register_data_kind(DataKind("chat", column=lambda d: d.messages_column, build=_build_chat, text_files=False))
+register_data_kind(DataKind("preference", column=lambda d: d.chosen_column, build=_build_preference,
+                            text_files=False))
+register_data_kind(DataKind("unpaired_preference", column=lambda d: d.completion_column, build=_build_unpaired,
+                            text_files=False))

@@ -21,6 +21,12 @@ The contract (:class:`Objective`):
 - ``eval_metrics(totals, bytes_per_token)``: the figures an evaluation reports
   (host floats, names starting ``eval_``, ``eval_loss`` among them) from sums added
   over every eval batch.
+
+Optional: ``batch_totals(batch) -> {name: scalar}``, counts over the *whole* batch (not the
+micro-batch) that the loss is scaled by; each micro-batch receives them as
+``batch["total/<name>"]`` (:func:`with_batch_totals`). Why: a loss with two normalisers
+(ORPO's token-mean NLL beside its per-pair odds ratio) is exact under accumulation only if
+the micro-batch knows the batch's token count.
 """
 
 from __future__ import annotations
@@ -81,3 +87,17 @@ def select_frozen(objective: Objective, available: Mapping[str, Any]) -> dict[st
         raise ConfigError(f"objective {objective.name!r} reads the frozen model {missing[0]!r}, but the train state "
                           f"holds {sorted(available) or 'none'}; give the state a frozen_models[{missing[0]!r}]")
     return {name: available[name] for name in objective.frozen_models}
+
+
+TOTAL_PREFIX = "total/"
+
+
+def with_batch_totals(objective: Objective, batch: Batch) -> dict[str, Array]:
+    """``batch`` plus ``objective.batch_totals(batch)`` as ``total/<name>`` scalars (unchanged without it).
+
+    Called on the whole batch before it is split into micro-batches; a scalar is handed to
+    every micro-batch as it is (``steps.split_microbatches``)."""
+    totals = getattr(objective, "batch_totals", None)
+    if totals is None:
+        return dict(batch)
+    return {**batch, **{TOTAL_PREFIX + k: v for k, v in totals(batch).items()}}

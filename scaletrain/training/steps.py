@@ -11,6 +11,7 @@ micro-batch, and how its sums become metrics, is the objective's
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -18,10 +19,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.key_paths import key_names
 from scaletrain.models.scanned_layers import stacked_axes
-from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen
+from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen, with_batch_totals
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.state import TrainState
 
@@ -62,10 +64,13 @@ def split_microbatches(batch: Batch, num: int) -> Batch:
     """[num * m, ...] -> [num, m, ...], micro-batch g taking rows g, g+num, ...
 
     Interleaving keeps each micro-batch's rows on the devices that already hold
-    them when the batch axis is sharded, so no data moves between devices.
+    them when the batch axis is sharded, so no data moves between devices. A scalar
+    (a whole-batch total, ``objectives.base.with_batch_totals``) goes to every micro-batch.
     """
 
     def split(x: jax.Array) -> jax.Array:
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (num,))
         m = x.shape[0] // num
         return jnp.swapaxes(x.reshape(m, num, *x.shape[1:]), 0, 1)
 
@@ -91,6 +96,23 @@ def group_norms(tree: Any, prefix: str) -> dict[str, jax.Array]:
     return {f"{prefix}/{k}": jnp.sqrt(sum(v)) for k, v in groups.items()}
 
 
+def data_fingerprint(batch: Batch) -> jax.Array:
+    """A 24-bit hash of the batch's token ids (every ``*input_ids`` key), as a float32 that holds it exactly.
+
+    Why this form: a position-weighted sum in uint32 wraps the same way however the batch
+    is split over devices and processes (integer addition is associative), so N processes
+    and M processes give the same value for the same tokens in the same places; the top 24
+    bits fit a float32 metric exactly. Its cost is one multiply-add per token.
+    """
+    total = jnp.uint32(0)
+    for k, key in enumerate(sorted(k for k in batch if k.endswith("input_ids"))):
+        ids = batch[key].astype(jnp.uint32)
+        flat = jnp.arange(ids.size, dtype=jnp.uint32).reshape(ids.shape)
+        weights = (flat + jnp.uint32(k * 7919 + 1)) * jnp.uint32(2654435761) | jnp.uint32(1)
+        total = total + jnp.sum((ids + jnp.uint32(1)) * weights, dtype=jnp.uint32)
+    return (total >> jnp.uint32(8)).astype(jnp.float32)
+
+
 def _sum_tree(a: Any, b: Any) -> Any:
     return jax.tree.map(jnp.add, a, b)
 
@@ -105,6 +127,7 @@ def train_step(
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
+    log_data_fingerprint: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update of ``objective`` from ``batch`` (the whole global batch).
 
@@ -116,6 +139,7 @@ def train_step(
     corrupts the state that later checkpoints save.
     """
     check_batch(objective, batch)
+    batch = with_batch_totals(objective, batch)
     grad_fn = jax.grad(objective_fn(state, objective), has_aux=True)
     if gradient_accumulation_steps == 1:
         grads, sums = grad_fn(state.params, batch)
@@ -159,6 +183,8 @@ def train_step(
         metrics.update(group_norms(grads, "grad_norm"))
     if log_weight_stats:
         metrics.update(group_norms(params, "weight_norm"))
+    if log_data_fingerprint:
+        metrics["data/fingerprint"] = data_fingerprint(batch)
     return new_state, metrics
 
 
@@ -167,6 +193,7 @@ def eval_step(state: TrainState, batch: Batch, *, objective: Objective,
     """``objective``'s sums for ``batch`` (no update), in micro-batches like the train step;
     ``objective.eval_metrics`` turns their total over the eval set into figures."""
     check_batch(objective, batch)
+    batch = with_batch_totals(objective, batch)
     f = objective_fn(state, objective)
     if gradient_accumulation_steps == 1:
         return f(state.params, batch)[1]
@@ -179,6 +206,63 @@ def eval_step(state: TrainState, batch: Batch, *, objective: Objective,
     return sums
 
 
+def rank_sharding(sharding: Any, ndim: int) -> Any:
+    """``sharding`` for an array of rank ``ndim``: a named sharding's spec cut to that rank.
+
+    A batch's ``[B, L]`` arrays take the step partition spec (batch axes, then sequence
+    axes); a per-row ``[B]`` value (a KTO label, a precomputed reference log-prob) takes
+    its batch axes alone, so every key is split over the batch axis alike. Any other
+    sharding is used as it is.
+    """
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[:ndim]))
+
+
+def batch_shardings(batch: Mapping[str, Any], sharding: Any) -> dict[str, Any]:
+    """Each key of ``batch`` (arrays or shape structs) with :func:`rank_sharding` of its rank
+    (``sharding`` given per key already, as a mapping, is used as it is)."""
+    if isinstance(sharding, Mapping):
+        return dict(sharding)
+    return {k: rank_sharding(sharding, len(v.shape)) for k, v in batch.items()}
+
+
+class LayoutJit:
+    """A step jitted once per batch layout (its keys and their ranks), the batch sharded per key.
+
+    Why not one ``jax.jit`` with the batch sharding as a prefix: a prefix gives every key
+    the same sharding, which a ``[B]`` key cannot take when the ``[B, L]`` keys are also
+    split over the sequence. The keys are only known when a batch arrives (they are the
+    data kind's), so the in-shardings are built then; the usual batch (the same keys every
+    step) compiles once.
+    """
+
+    def __init__(self, fn: Callable, state_sharding: Any, batch_sharding: Any, out_shardings: Any,
+                 donate_argnums: tuple[int, ...] = ()):
+        self._fn = fn
+        self._state_sharding = state_sharding
+        self._batch_sharding = batch_sharding
+        self._out_shardings = out_shardings
+        self._donate = donate_argnums
+        self._jitted: dict[tuple[tuple[str, int], ...], Any] = {}
+
+    def jitted(self, batch: Mapping[str, Any]) -> Any:
+        """The ``jax.jit`` of the step for ``batch``'s layout (built on first use)."""
+        layout = tuple(sorted((k, len(v.shape)) for k, v in batch.items()))
+        if layout not in self._jitted:
+            self._jitted[layout] = jax.jit(
+                self._fn, in_shardings=(self._state_sharding, batch_shardings(batch, self._batch_sharding)),
+                out_shardings=self._out_shardings, donate_argnums=self._donate,
+            )
+        return self._jitted[layout]
+
+    def __call__(self, state: Any, batch: Mapping[str, Any]) -> Any:
+        return self.jitted(batch)(state, batch)
+
+    def lower(self, state: Any, batch: Mapping[str, Any]) -> Any:
+        return self.jitted(batch).lower(state, batch)
+
+
 def make_step_functions(
     tx: optax.GradientTransformation,
     state_sharding: Any,
@@ -189,19 +273,22 @@ def make_step_functions(
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
-) -> tuple[Callable, Callable]:
-    """Jit the steps of ``objective`` with explicit in/out shardings; the train state is donated."""
-    train = jax.jit(
+    log_data_fingerprint: bool = False,
+) -> tuple[LayoutJit, LayoutJit]:
+    """Jit the steps of ``objective`` with explicit in/out shardings; the train state is donated.
+
+    ``batch_sharding`` is that of a ``[B, L]`` batch array; each key of a batch gets it
+    cut to its rank (:func:`rank_sharding`), so ``[B]`` keys are split over the batch axes.
+    """
+    train = LayoutJit(
         functools.partial(train_step, tx=tx, objective=objective,
                           gradient_accumulation_steps=gradient_accumulation_steps, guard_nonfinite=guard_nonfinite,
-                          log_grad_norms=log_grad_norms, log_weight_stats=log_weight_stats),
-        in_shardings=(state_sharding, batch_sharding),
-        out_shardings=(state_sharding, replicated),
-        donate_argnums=(0,),
+                          log_grad_norms=log_grad_norms, log_weight_stats=log_weight_stats,
+                          log_data_fingerprint=log_data_fingerprint),
+        state_sharding, batch_sharding, (state_sharding, replicated), donate_argnums=(0,),
     )
-    evaluate = jax.jit(
+    evaluate = LayoutJit(
         functools.partial(eval_step, objective=objective, gradient_accumulation_steps=gradient_accumulation_steps),
-        in_shardings=(state_sharding, batch_sharding),
-        out_shardings=replicated,
+        state_sharding, batch_sharding, replicated,
     )
     return train, evaluate

@@ -1,0 +1,190 @@
+"""The objectives a recipe's ``objective:`` section can name, each with its options under TRL's names.
+
+Why a registry: the recipe, the Python configs (``DPOConfig`` ...) and the run wiring all go
+from a name (``type: dpo``) to the same three things: the options it accepts (a pydantic
+model, so every bad value is reported naming ``objective.<field>``), how to build the
+:class:`~scaletrain.objectives.Objective` from them, and which data kind its batches come
+from. A new objective (GRPO) is one :func:`register_objective` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from scaletrain.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveType:
+    """A registered objective: its ``options`` model, ``build(options) -> Objective | None`` (None: the trainer's
+    default language-model loss) and the ``data_kind`` whose rows it reads (None: any)."""
+
+    name: str
+    options: type[BaseModel]
+    build: Callable[[Any], Any]
+    data_kind: str | None = None
+    #: options the trainer reads (the reference model), not the objective
+    trainer_options: tuple[str, ...] = ()
+    #: the trainer class that runs it, as ``module:Class`` (None: ``Trainer``); a string, since the
+    #: trainers live in a layer above this one
+    trainer: str | None = None
+
+
+_REGISTRY: dict[str, ObjectiveType] = {}
+
+
+def register_objective(kind: ObjectiveType) -> ObjectiveType:
+    """Make ``kind.name`` a valid ``objective.type``; registering a name twice is a programming error."""
+    if kind.name in _REGISTRY:
+        raise ValueError(f"objective type {kind.name!r} is already registered")
+    _REGISTRY[kind.name] = kind
+    return kind
+
+
+def objective_types() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_objective_type(name: str) -> ObjectiveType:
+    if name not in _REGISTRY:
+        raise ConfigError(f"objective.type={name!r} is not one of {objective_types()}")
+    return _REGISTRY[name]
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LMOptions(_Options):
+    """The language-model loss takes its options from ``training`` (``z_loss``, ``loss_chunk_size``)."""
+
+
+class _ReferenceOptions(_Options):
+    """Where the reference log-probabilities come from (see ``training/reference.py``)."""
+
+    reference: str | None = None  # a model folder; unset: a copy of the starting policy, or LoRA adapters off
+    precompute_ref_log_probs: bool = False
+
+
+class DPOOptions(_ReferenceOptions):
+    beta: float = Field(0.1, gt=0)
+    loss_type: list[str] = Field(default_factory=lambda: ["sigmoid"])
+    loss_weights: list[float] | None = None
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    discopop_tau: float = Field(0.05, gt=0)
+
+    @field_validator("loss_type", mode="before")
+    @classmethod
+    def _one_or_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class ORPOOptions(_Options):
+    beta: float = Field(0.1, gt=0)
+
+
+class CPOOptions(_Options):
+    beta: float = Field(0.1, gt=0)
+    loss_type: str = "sigmoid"
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    simpo_gamma: float = 0.5
+    cpo_alpha: float = Field(1.0, ge=0)
+
+
+class SimPOOptions(_Options):
+    """SimPO is CPO's ``loss_type="simpo"``; without the NLL term unless ``cpo_alpha`` is set (CPO-SimPO)."""
+
+    beta: float = Field(0.1, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    simpo_gamma: float = 0.5
+    cpo_alpha: float = Field(0.0, ge=0)
+
+
+class KTOOptions(_ReferenceOptions):
+    beta: float = Field(0.1, gt=0)
+    loss_type: str = "kto"
+    desirable_weight: float = Field(1.0, ge=0)
+    undesirable_weight: float = Field(1.0, ge=0)
+
+
+def _objective_fields(options: BaseModel, cls: type) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in options.model_dump().items() if k in names}
+
+
+def _dpo(o: DPOOptions) -> Any:
+    from scaletrain.objectives.dpo import DPOObjective
+
+    kw = _objective_fields(o, DPOObjective)
+    kw["loss_type"] = tuple(kw["loss_type"])
+    kw["loss_weights"] = None if kw["loss_weights"] is None else tuple(kw["loss_weights"])
+    return DPOObjective(**kw)
+
+
+def _orpo(o: ORPOOptions) -> Any:
+    from scaletrain.objectives.orpo import ORPOObjective
+
+    return ORPOObjective(**_objective_fields(o, ORPOObjective))
+
+
+def _cpo(o: CPOOptions) -> Any:
+    from scaletrain.objectives.orpo import CPOObjective
+
+    return CPOObjective(**_objective_fields(o, CPOObjective))
+
+
+def _simpo(o: SimPOOptions) -> Any:
+    from scaletrain.objectives.orpo import CPOObjective
+
+    return CPOObjective(loss_type="simpo", **_objective_fields(o, CPOObjective))
+
+
+def _kto(o: KTOOptions) -> Any:
+    from scaletrain.objectives.kto import KTOObjective
+
+    return KTOObjective(**_objective_fields(o, KTOObjective))
+
+
+_REFERENCE = ("reference", "precompute_ref_log_probs")
+_PREFERENCE_TRAINER = "scaletrain.training.preference:PreferenceTrainer"
+register_objective(ObjectiveType("lm", LMOptions, lambda o: None))
+register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE, _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference", (), _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _PREFERENCE_TRAINER))
+
+
+def validate_options(kind: str, options: dict[str, Any] | BaseModel) -> BaseModel:
+    """``options`` validated by ``kind``'s options model; ConfigError naming ``objective.<field>``."""
+    from pydantic import ValidationError
+
+    from scaletrain.config_keys import format_validation_error
+
+    spec = get_objective_type(kind)
+    if isinstance(options, spec.options):
+        return options
+    try:
+        return spec.options.model_validate(dict(options))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "objective", spec.options)) from None
+
+
+def build_objective(kind: str, options: dict[str, Any] | BaseModel) -> Any:
+    """The objective of ``kind`` with ``options`` (validated); ConfigError naming ``objective.<field>``."""
+    return get_objective_type(kind).build(validate_options(kind, options))
+
+
+def trainer_setup(kind: str, options: dict[str, Any] | BaseModel) -> tuple[str | None, dict[str, Any]]:
+    """``(trainer class path or None, keyword arguments: the objective and the trainer's options)`` for a run of
+    ``kind``; ``(None, {})`` for the default language-model loss."""
+    spec = get_objective_type(kind)
+    valid = validate_options(kind, options)
+    objective = spec.build(valid)
+    if objective is None:
+        return spec.trainer, {}
+    return spec.trainer, {"objective": objective, **{name: getattr(valid, name) for name in spec.trainer_options}}
