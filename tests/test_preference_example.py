@@ -13,6 +13,7 @@ import json
 
 from data_helpers import REPO
 
+from scaletrain.objectives.registry import build_objective
 from scaletrain.recipe import Recipe
 
 SCRIPT = REPO / "scripts" / "make_preference_dataset.py"
@@ -53,3 +54,20 @@ def test_generator_is_deterministic_and_the_seed_matters():
     gen = _generator()
     assert gen.make(40, 3) == gen.make(40, 3)
     assert gen.make(40, 3) != gen.make(40, 4)
+
+
+def test_example_recipe_validates_as_lora_dpo_on_the_shipped_pairs(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
+    recipe = Recipe.load(str(EXAMPLE))
+    assert recipe.model.pretrained == str(tmp_path / "smollm2-135m-instruct")
+    assert (recipe.objective.type, recipe.data.kind) == ("dpo", "preference")
+    objective = build_objective(recipe.objective.type, recipe.objective.options)
+    assert objective.beta == 0.1 and objective.loss_type == ("sigmoid",)
+    assert recipe.lora is not None and recipe.lora.rank == 16
+    assert "reference" not in recipe.objective.options  # with LoRA: the base with adapters off, no copy
+    for source in (recipe.data.source, recipe.data.eval_source):
+        assert (REPO / source).is_file(), source
+    # every pair fits max_length (the longest is 82 SmolLM2 tokens): the recipe's comment says nothing is cut
+    assert recipe.training.max_length >= 82
+    again = Recipe.from_dict(recipe.to_dict())
+    assert again == recipe
