@@ -1,9 +1,12 @@
 """Rollout tokens/s: scaletrain's rollout engine against transformers' ``generate``, side by side in one run.
 
-``python bench/rollout.py [--model DIR] [--batches 16,64] [--prompts 16] [--new 64] [--repeats 3] [--profile]``
+``python bench/rollout.py [--model DIR | --arch NAME] [--batches 16,64] [--prompts 16] [--new 64] [--repeats 3]
+[--dtype float32] [--profile]``
 
-Both sample the same model (a local Hugging Face folder; default the converted
-SmolLM2-135M-Instruct in ``~/.cache/scaletrain``) in float32 from the same prompts (random
+Both sample the same model (a local Hugging Face folder, ``--model``; default the converted
+SmolLM2-135M-Instruct in ``~/.cache/scaletrain``; or, with ``--arch smollm2-135m|llama-1b|tiny``,
+random weights of that architecture written once by transformers to a temporary folder: what
+``bench/gpu.py --rollout`` uses where no checkpoint is at hand) in ``--dtype`` from the same prompts (random
 token ids of 8 to 40 tokens, fixed seed), ``--new`` tokens each at temperature 1 without
 top-k or top-p and without early stop (scaletrain: no stop ids; transformers:
 ``min_new_tokens`` = ``max_new_tokens``). A batch of B rows is ``--prompts`` prompts x
@@ -13,6 +16,7 @@ likewise). Per batch: the engine's first call (tracing and compiling included) a
 wall seconds, host tokens in hand) and the ratio. The engine is called as GRPO calls it,
 on ``(graphdef, params)`` split once, so nothing is copied or re-split per call.
 
+transformers runs on ``--torch-device`` (default: cuda when torch sees a GPU, else the CPU).
 ``--profile`` adds where one rollout's time goes by XLA op category (``bench/profile_step.py``'s
 grouping; CPU time summed over threads). Writes ``--out`` (default
 ``bench/results/rollout-<date>.json``).
@@ -35,6 +39,29 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/scaletrain/smollm2-135m-instruct")
+#: SmolLM2-135M's architecture (its config.json), for random weights where the converted folder is absent
+SMOLLM2_135M: dict[str, Any] = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+)
+
+
+def architectures() -> dict[str, dict[str, Any]]:
+    from gpu_cases import LLAMA_1B, TINY
+
+    return {"smollm2-135m": SMOLLM2_135M, "llama-1b": LLAMA_1B, "tiny": TINY}
+
+
+def random_model_dir(arch: str, folder: str) -> str:
+    """A Hugging Face folder of random weights (seed 0, transformers' init) of the named architecture."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**architectures()[arch])
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
 
 
 def make_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -69,14 +96,15 @@ def ours(model_dir: str, dtype: str) -> Any:
     return run, model
 
 
-def theirs(model_dir: str, dtype: str) -> Any:
-    """``run(prompts, generations, new, seed) -> seconds`` for transformers' ``generate`` (torch CPU)."""
-    import numpy as np
+def theirs(model_dir: str, dtype: str, device: str | None) -> Any:
+    """``run(prompts, generations, new, seed) -> seconds`` for transformers' ``generate`` on ``device``."""
     import torch
     import transformers
 
     torch.set_num_threads(os.cpu_count() or 1)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    model = model.to(device)
 
     def run(prompts: list[list[int]], generations: int, new: int, seed: int) -> tuple[float, Any]:
         from scaletrain.generation import left_pad
@@ -85,10 +113,11 @@ def theirs(model_dir: str, dtype: str) -> Any:
         torch.manual_seed(seed)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
-                                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
-                                 min_new_tokens=new, pad_token_id=0)
-        return time.perf_counter() - t0, out[:, ids.shape[1]:].numpy()
+            out = model.generate(torch.tensor(ids, dtype=torch.long, device=device),
+                                 attention_mask=torch.tensor(mask, device=device), do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+            tokens = out[:, ids.shape[1]:].cpu().numpy()  # the tokens in hand, as for scaletrain
+        return time.perf_counter() - t0, tokens
 
     return run
 
@@ -104,28 +133,41 @@ def profile(run: Any, prompts: list[list[int]], generations: int, new: int) -> d
     print(f"  profile, one rollout of {len(prompts) * generations} x {new} (CPU ms, all threads):")
     for c in CATEGORIES:
         print(f"    {c:<16}{1e3 * cats[c]:10.1f}")
-    for op, s in sorted(ops.items(), key=lambda kv: -kv[1])[:10]:
-        print(f"    {1e3 * s:10.1f} ms  {op}")
+    for c in CATEGORIES:
+        top = sorted(((s, op) for op, s in ops.items() if categorise(op) == c), reverse=True)[:3]
+        print(f"    top {c}: " + ", ".join(f"{op} {1e3 * s:.0f} ms" for s, op in top))
     return {c: 1e3 * cats[c] for c in CATEGORIES}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--arch", default=None, help="random weights of smollm2-135m, llama-1b or tiny instead of --model")
+    p.add_argument("--torch-device", default=None, help="transformers' device (default: cuda if available, else cpu)")
     p.add_argument("--batches", default="16,64")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--no-transformers", action="store_true", help="time scaletrain alone (profiling)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     if a.profile:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
+    if a.arch is not None:
+        import tempfile
+
+        if a.arch not in architectures():
+            p.error(f"--arch: unknown {a.arch!r}; choose from {', '.join(architectures())}")
+        a.model = random_model_dir(a.arch, tempfile.mkdtemp(prefix="scaletrain-rollout-bench-"))
+    elif not os.path.isfile(os.path.join(a.model, "config.json")):
+        p.error(f"--model: {a.model} has no config.json (convert SmolLM2 with scripts/convert_smollm2.py, "
+                f"or pass --arch smollm2-135m for random weights)")
     t_load = time.perf_counter()
     run_ours, model = ours(a.model, a.dtype)
     load_s = time.perf_counter() - t_load
-    run_theirs = theirs(a.model, a.dtype)
+    run_theirs = None if a.no_transformers else theirs(a.model, a.dtype, a.torch_device)
     prompts = make_prompts(a.prompts, model.config.vocab_size)
     rows = []
     for batch in (int(b) for b in a.batches.split(",")):
@@ -134,11 +176,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         g = batch // a.prompts
         first_s, (tokens, _) = run_ours(prompts, g, a.new, 0)
         assert tokens.shape == (batch, a.new), tokens.shape
-        run_theirs(prompts[:2], 1, 4, 0)  # transformers' own warm-up
+        if run_theirs is not None:
+            run_theirs(prompts[:2], 1, 4, 0)  # transformers' own warm-up
         mine, ref = [], []
         for r in range(a.repeats):
             mine.append(run_ours(prompts, g, a.new, r + 1)[0])
-            ref.append(run_theirs(prompts, g, a.new, r + 1)[0])
+            if run_theirs is not None:
+                ref.append(run_theirs(prompts, g, a.new, r + 1)[0])
+        ref = ref or [float("nan")]
         tok = batch * a.new
         row = {"batch": batch, "prompts": a.prompts, "generations": g, "new_tokens": a.new,
                "first_call_s": round(first_s, 2), "scaletrain_tok_s": round(tok / statistics.median(mine), 1),
@@ -151,7 +196,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if a.profile:
             row["profile_cpu_ms"] = profile(run_ours, prompts, g, a.new)
         rows.append(row)
-    result = {"model": a.model, "dtype": a.dtype, "load_s": round(load_s, 2), "cpus": os.cpu_count(),
+    import jax
+
+    result = {"model": a.arch or a.model, "dtype": a.dtype, "measured_on": str(jax.devices()[0].device_kind), "load_s": round(load_s, 2), "cpus": os.cpu_count(),
               "load_avg": os.getloadavg()[0], "rows": rows,
               "command": "python bench/rollout.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     out = a.out or os.path.join(HERE, "results", f"rollout-{dt.date.today().isoformat()}.json")

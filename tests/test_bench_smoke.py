@@ -116,3 +116,19 @@ def test_aot_compiles_both_batch_kinds_for_this_cpu(tmp_path):
         assert r["num_params"] > 0 and r["conditionals"] >= 1 and r["cudnn_attention"] == {}
         assert r["host_peak_rss_gb"] >= r["host_rss_before_compile_gb"] > 0  # the compiling process's VmHWM
     assert result["config"]["num_hidden_layers"] == 1  # --layers overrides the model's depth
+
+
+def test_gpu_benchmark_rollout_case_tiny_on_cpu(tmp_path):
+    """bench/gpu.py --rollout (alone): bench/rollout.py in its own process, the engine and transformers'
+    generate on the same random tiny model, every batch with both rates, the ratio and the first call."""
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--tiny", "--cases", "", "--rollout",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rollout = json.loads(out.read_text())["rollout"]
+    assert rollout["error"] is None, rollout["error"]
+    assert [row["batch"] for row in rollout["rows"]] == [2, 4]
+    for row in rollout["rows"]:
+        assert row["first_call_s"] > 0 and row["scaletrain_tok_s"] > 0 and row["transformers_tok_s"] > 0
+        assert row["ratio"] == pytest.approx(row["scaletrain_tok_s"] / row["transformers_tok_s"], rel=0.02)
