@@ -173,3 +173,15 @@ def test_categorical_draws_follow_the_distribution() -> None:
     freq = np.bincount(draws, minlength=600) / n
     assert (freq[probs == 0] == 0).all()
     assert (np.abs(freq - probs) <= 5 * np.sqrt(probs * (1 - probs) / n) + 1e-9).all()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("max_completion_length", 0, "max_completion_length must be at least 1"),
+    ("top_k", 0, "top_k must be at least 1"),
+    ("top_p", 0.0, "top_p must be in"),
+    ("temperature", -1.0, "temperature must be >= 0"),
+])
+def test_sampling_params_that_cannot_work_are_refused_by_name(field, value, message) -> None:
+    kwargs = {"max_completion_length": 4, field: value}
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)

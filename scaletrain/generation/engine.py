@@ -58,9 +58,9 @@ class SamplingParams:
     pad_token_id: int = 0
 
     def __post_init__(self) -> None:
-        problem = sampling_problem(self.max_completion_length, self.temperature, self.top_k, self.top_p)
-        if problem is None and self.max_completion_length < 1:
-            problem = ("max_completion_length", f"must be at least 1, got {self.max_completion_length}")
+        problem = (("max_completion_length", f"must be at least 1, got {self.max_completion_length}")
+                   if self.max_completion_length < 1 else
+                   sampling_problem(self.max_completion_length, self.temperature, self.top_k, self.top_p))
         if problem is not None:
             raise ValueError(" ".join(problem))
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
