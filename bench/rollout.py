@@ -11,9 +11,10 @@ token ids of 8 to 40 tokens, fixed seed), ``--new`` tokens each at temperature 1
 top-k or top-p and without early stop (scaletrain: no stop ids; transformers:
 ``min_new_tokens`` = ``max_new_tokens``). A batch of B rows is ``--prompts`` prompts x
 B / prompts generations each (scaletrain's ``num_generations``, transformers' rows repeated
-likewise). Per batch: the engine's first call (tracing and compiling included) and then
+likewise). Per batch: the engine's first call (tracing and compiling included; all batches' first
+calls run before transformers is loaded, whose idle torch threads would share the CPU) and then
 ``--repeats`` alternating timed calls of each, reported as the median tokens/s (B x new /
-wall seconds, host tokens in hand) and the ratio. The engine is called as GRPO calls it,
+wall seconds, host tokens in hand), tokens per CPU-second of the process, and the ratios. The engine is called as GRPO calls it,
 on ``(graphdef, params)`` split once, so nothing is copied or re-split per call.
 
 transformers runs on ``--torch-device`` (default: cuda when torch sees a GPU, else the CPU).
@@ -167,15 +168,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t_load = time.perf_counter()
     run_ours, model = ours(a.model, a.dtype)
     load_s = time.perf_counter() - t_load
-    run_theirs = None if a.no_transformers else theirs(a.model, a.dtype, a.torch_device)
     prompts = make_prompts(a.prompts, model.config.vocab_size)
-    rows = []
-    for batch in (int(b) for b in a.batches.split(",")):
-        if batch % a.prompts:
-            raise SystemExit(f"--batches: {batch} is not a multiple of --prompts {a.prompts}")
-        g = batch // a.prompts
-        first_s, (tokens, _, _) = run_ours(prompts, g, a.new, 0)
+    batches = [int(b) for b in a.batches.split(",")]
+    if bad := [b for b in batches if b % a.prompts]:
+        p.error(f"--batches: {bad} not a multiple of --prompts {a.prompts}")
+    # each bucket's first call before torch is loaded: its idle worker threads would share the CPU
+    first = {}
+    for batch in batches:
+        first[batch], (tokens, _, _) = run_ours(prompts, batch // a.prompts, a.new, 0)
         assert tokens.shape == (batch, a.new), tokens.shape
+    run_theirs = None if a.no_transformers else theirs(a.model, a.dtype, a.torch_device)
+    rows = []
+    for batch in batches:
+        g, first_s = batch // a.prompts, first[batch]
         if run_theirs is not None:
             run_theirs(prompts[:2], 1, 4, 0)  # transformers' own warm-up
         mine, ref, mine_cpu, ref_cpu = [], [], [], []
@@ -192,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = {"batch": batch, "prompts": a.prompts, "generations": g, "new_tokens": a.new,
                "first_call_s": round(first_s, 2),
                # the first call less a steady call: tracing and compiling the bucket's program
-               "compile_s": round(first_s - statistics.median(mine), 2), "scaletrain_tok_s": round(tok / statistics.median(mine), 1),
+               "compile_s": round(first_s - statistics.median(mine), 2),
+               "scaletrain_tok_s": round(tok / statistics.median(mine), 1),
                "transformers_tok_s": round(tok / statistics.median(ref), 1),
                # per CPU-second of this process: what a descheduled process does not accrue (shared CPU)
                "scaletrain_tok_cpu_s": round(tok / statistics.median(mine_cpu), 1),
@@ -209,8 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(row)
     import jax
 
-    result = {"model": a.arch or a.model, "dtype": a.dtype, "measured_on": str(jax.devices()[0].device_kind), "load_s": round(load_s, 2), "cpus": os.cpu_count(),
-              "load_avg": os.getloadavg()[0], "rows": rows,
+    result = {"model": a.arch or a.model, "dtype": a.dtype, "measured_on": str(jax.devices()[0].device_kind),
+              "load_s": round(load_s, 2), "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "rows": rows,
               "command": "python bench/rollout.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     out = a.out or os.path.join(HERE, "results", f"rollout-{dt.date.today().isoformat()}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
