@@ -175,12 +175,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # each bucket's first call before torch is loaded: its idle worker threads would share the CPU
     first = {}
     for batch in batches:
-        first[batch], (tokens, _, _) = run_ours(prompts, batch // a.prompts, a.new, 0)
+        wall, (tokens, _, cpu) = run_ours(prompts, batch // a.prompts, a.new, 0)
+        first[batch] = (wall, cpu)
         assert tokens.shape == (batch, a.new), tokens.shape
     run_theirs = None if a.no_transformers else theirs(a.model, a.dtype, a.torch_device)
     rows = []
     for batch in batches:
-        g, first_s = batch // a.prompts, first[batch]
+        g, (first_s, first_cpu_s) = batch // a.prompts, first[batch]
         if run_theirs is not None:
             run_theirs(prompts[:2], 1, 4, 0)  # transformers' own warm-up
         mine, ref, mine_cpu, ref_cpu = [], [], [], []
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ref, ref_cpu = ref or [float("nan")], ref_cpu or [float("nan")]
         tok = batch * a.new
         row = {"batch": batch, "prompts": a.prompts, "generations": g, "new_tokens": a.new,
-               "first_call_s": round(first_s, 2),
+               "first_call_s": round(first_s, 2), "first_call_cpu_s": round(first_cpu_s, 2),
                # the first call less a steady call: tracing and compiling the bucket's program
                "compile_s": round(first_s - statistics.median(mine), 2),
                "scaletrain_tok_s": round(tok / statistics.median(mine), 1),
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["ratio"] = round(row["scaletrain_tok_s"] / row["transformers_tok_s"], 2)
         row["ratio_cpu_s"] = round(row["scaletrain_tok_cpu_s"] / row["transformers_tok_cpu_s"], 2)
         print(f"batch {batch:>3} ({a.prompts} prompts x {g}), {a.new} new tokens: scaletrain "
-              f"{row['scaletrain_tok_s']:.0f} tok/s (first call {first_s:.1f} s), transformers "
+              f"{row['scaletrain_tok_s']:.0f} tok/s (first call {first_s:.1f} s, {first_cpu_s:.1f} CPU-s), transformers "
               f"{row['transformers_tok_s']:.0f} tok/s: {row['ratio']:.2f}x (per CPU-s {row['ratio_cpu_s']:.2f}x, "
               f"load {os.getloadavg()[0]:.1f})", flush=True)
         if a.profile:
