@@ -103,3 +103,31 @@ def test_bad_preference_options_are_one_message(work, tmp_path, capsys, extra, m
                  "--no-progress", *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_an_adapter_is_scored_against_its_base_with_adapters_off(work, tmp_path):
+    """``--adapter`` without ``--reference``: the base with the adapters off, which is the base folder itself, so
+    the figures equal ``--reference BASE``'s (two programs, one function: float32 rounding, 1e-5 relative)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.peft.adapter import save_peft_adapter
+    from scaletrain.peft.lora import LoRAConfig, LoRAParam, apply_lora
+
+    base = str(work / "hf")
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(base), LoRAConfig(target_modules="all-linear"))
+    rng = np.random.default_rng(0)
+    nnx.update(model, jax.tree.map(lambda x: jax.device_put(0.3 * rng.standard_normal(x.shape, np.float32),
+                                                             x.sharding), nnx.state(model, LoRAParam)))
+    adapter = save_peft_adapter(model, tmp_path / "adapter", base_model_name_or_path=base)
+    common = ["eval", base, "--adapter", str(adapter), "--data", str(work / "pairs.jsonl"), "--kind", "preference",
+              "--beta", "1", "--max-length", "16", "--no-progress", "--output"]
+    assert main([*common, str(tmp_path / "off.json")]) == 0
+    assert main([*common, str(tmp_path / "folder.json"), "--reference", base]) == 0
+    off, folder = (json.loads((tmp_path / f"{n}.json").read_text())["data"] for n in ("off", "folder"))
+    assert off["reference"] == "base (adapters off)" and folder["reference"] == base
+    assert abs(off["eval_rewards/chosen"]) > 1e-3  # the adapter moved the policy off its base
+    for name in FIGURES:
+        assert math.isclose(off[name], folder[name], rel_tol=1e-5, abs_tol=1e-6), name
