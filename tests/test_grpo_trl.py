@@ -1,0 +1,147 @@
+"""GRPO's advantages, loss and figures number for number with TRL 1.16's ``GRPOTrainer``, run here.
+
+A real ``GRPOTrainer`` is built on a random tiny Llama (exported to a Hugging Face folder) with a
+``rollout_func`` that returns fixed completions (ragged, some ending in EOS, some truncated), and a
+reward function that reads a column (one ``None`` row, so the nan-aware path is exercised). TRL's
+own ``_generate_and_score_completions`` computes the advantages and TRL's own ``_compute_loss`` the
+loss and figures; we compute ours from the same per-token log-probabilities (TRL's, read through
+its ``_get_per_token_logps_and_entropies``), the same old and reference log-probabilities (set
+away from the current ones so the ratio is clipped and the KL is not 0) and the same masks, for
+every ``loss_type`` x ``importance_sampling_level`` x ``scale_rewards``.
+
+Tolerance: both sides compute in float32 from the same inputs, with different summation orders
+(torch vs numpy / XLA) over at most 48 tokens: ~1e-7 relative per value, so 1e-5 relative with a
+1e-6 absolute floor for figures that can be 0 (clip ratios, advantages of zero-std groups).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from preference_testing import export, tiny_llama, word_tokenizer
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+G = 4
+PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit"]
+# completions of the 16 rows (word ids); "</s>" = id 1 ends a reply, others run into max_completion_length
+COMPLETIONS = [
+    [5, 1], [6, 7, 8, 9, 10, 11], [12, 1], [13, 14, 1],
+    [15, 16, 17, 1], [1], [18, 19, 20, 21, 22, 23], [24, 1],
+    [25, 26, 1], [27, 28, 29, 30, 31, 32], [33, 1], [34, 35, 36, 1],
+    [5, 6, 1], [7, 1], [8, 9, 10, 11, 12, 13], [14, 15, 16, 1],
+]
+# the reward column: group 2 has zero spread (frac_reward_zero_std), row 5 is unscored (None)
+SCORES = [1.0, 0.0, 0.5, 2.0, 1.0, None, 3.0, 0.0, 0.7, 0.7, 0.7, 0.7, -1.0, 2.0, 0.5, 0.25]
+MAX_LEN = 6
+
+
+def column_reward(prompts, completions, score, **kwargs):
+    return list(score)
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(tmp_path_factory):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    root = tmp_path_factory.mktemp("grpo_trl")
+    tok = word_tokenizer(str(root / "tok"))
+    folder = str(root / "policy")
+    export(tiny_llama(seed=0), folder)
+    tok.save_pretrained(folder)
+    dataset = Dataset.from_list([{"prompt": p, "score": 0.0} for p in PROMPTS])
+
+    def rollout_func(prompts, trainer):
+        ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        return {"prompt_ids": ids, "completion_ids": [list(c) for c in COMPLETIONS],
+                "logprobs": [[0.0] * len(c) for c in COMPLETIONS]}
+
+    args = GRPOConfig(output_dir=str(root / "out"), per_device_train_batch_size=16, num_generations=G,
+                      max_completion_length=MAX_LEN, beta=0.04, epsilon=0.2, epsilon_high=0.28, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=0)
+    trainer = GRPOTrainer(model=folder, reward_funcs=[column_reward], args=args, train_dataset=dataset,
+                          processing_class=tok, rollout_func=rollout_func)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _inputs():
+    return [{"prompt": PROMPTS[i // G], "score": SCORES[i]} for i in range(len(COMPLETIONS))]
+
+
+def _close(ours, theirs, name):
+    np.testing.assert_allclose(np.asarray(ours, np.float64), np.asarray(theirs, np.float64), rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
+@pytest.mark.parametrize("loss_type,level,scale", list(itertools.product(
+    ("grpo", "bnpo", "dr_grpo", "dapo"), ("token", "sequence"), ("group", "batch", "none"))))
+def test_grpo_matches_trl(trl_trainer, loss_type, level, scale):
+    import jax.numpy as jnp
+    import torch
+
+    from scaletrain.objectives.grpo import GRPOObjective
+    from scaletrain.objectives.grpo_loss import GRPOLossConfig
+    from scaletrain.rl.advantages import group_advantages
+
+    t = trl_trainer
+    t.loss_type, t.importance_sampling_level, t.scale_rewards = loss_type, level, scale
+    t._metrics["train"].clear()
+    out = t._generate_and_score_completions(_inputs())
+
+    # advantages and reward figures
+    scores = np.array([[np.nan if s is None else s] for s in SCORES], np.float32)
+    adv = group_advantages(scores, [1.0], G, scale, names=["column_reward"])
+    _close(adv.advantages, out["advantages"].numpy(), "advantages")
+    for name, value in adv.metrics.items():
+        _close(value, t._metrics["train"][name][-1], name)
+
+    # one step's loss and figures from the same log-probabilities
+    mask = out["completion_mask"]
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    attention = torch.cat([out["prompt_mask"], mask], dim=1)
+    with torch.no_grad():
+        logps, entropy, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, mask.shape[1],
+                                                                 compute_entropy=True)
+    g = torch.Generator().manual_seed(0)
+    out["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=g)
+    out["ref_per_token_logps"] = logps + 0.5 * torch.randn(logps.shape, generator=g)
+    t._metrics["train"].clear()
+    with torch.no_grad():
+        trl_loss = float(t._compute_loss(t.model, out))
+
+    cfg = GRPOLossConfig(loss_type=loss_type, importance_sampling_level=level, epsilon=0.2, epsilon_high=0.28,
+                         beta=0.04, max_completion_length=MAX_LEN)
+    objective = GRPOObjective(loss=cfg, num_iterations=2)
+    m = jnp.asarray(mask.numpy(), jnp.float32)
+    batch = {"advantages": jnp.asarray(out["advantages"].numpy()),
+             "old_logps": jnp.asarray(out["old_per_token_logps"].numpy()),
+             "ref_logps": jnp.asarray(out["ref_per_token_logps"].numpy())}
+    loss, sums = objective.sums_from_logps(jnp.asarray(logps.numpy()), jnp.asarray(entropy.numpy()), batch, m)
+    denom = jnp.maximum(sums[objective.normaliser], 1.0)
+    metrics = objective.step_metrics(sums, denom)
+    _close(float(loss / denom), trl_loss, "loss")
+    for name in ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        _close(float(metrics[name]), t._metrics["train"][name][-1], name)
+    assert float(metrics["clip_ratio/region_mean"]) > 0  # the perturbed old log-probs do clip
+
+
+def test_mask_truncated_completions_masks_what_trl_masks(trl_trainer):
+    from scaletrain.rl.batch import truncated_mask
+
+    t = trl_trainer
+    t.mask_truncated_completions = True
+    try:
+        out = t._generate_and_score_completions(_inputs())
+    finally:
+        t.mask_truncated_completions = False
+    lengths = np.array([len(c) for c in COMPLETIONS])
+    mask = (np.arange(MAX_LEN)[None, :] < lengths[:, None]).astype(np.int32)
+    truncated = np.array([c[-1] != 1 for c in COMPLETIONS])
+    np.testing.assert_array_equal(truncated_mask(mask, truncated), out["completion_mask"].numpy())
