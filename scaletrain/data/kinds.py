@@ -118,3 +118,15 @@ def _build_chat(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, 
 
 register_data_kind(DataKind("pretrain", column=lambda d: d.text_column, build=_build_pretrain))
 register_data_kind(DataKind("chat", column=lambda d: d.messages_column, build=_build_chat, text_files=False))
+
+
+def _build_prompt(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
+                  truncation_mode: str) -> LMSplits:
+    """Prompts are not token rows to train on: they feed rollouts (``scaletrain.data.prompts``), which only a
+    sampling objective runs."""
+    raise DataError("data.kind: prompt rows are sampled from, not trained on directly; use them with "
+                    "objective.type grpo (rollouts, rewards and advantages make its batches)")
+
+
+register_data_kind(DataKind("prompt", column=lambda d: getattr(d, "prompt_column", "prompt"), build=_build_prompt,
+                            text_files=False))
