@@ -63,7 +63,7 @@ class GRPOObjective:
 
     name: ClassVar[str] = "grpo"
     frozen_models: ClassVar[tuple[str, ...]] = ()
-    logged_metrics: ClassVar[tuple[str, ...]] = ("kl", "entropy")
+    logged_metrics: ClassVar[tuple[str, ...]] = ("kl", "entropy", "reward", "reward_std", "frac_reward_zero_std")
 
     @property
     def normaliser(self) -> str:

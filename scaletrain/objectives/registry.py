@@ -155,6 +155,15 @@ register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference"))
 register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE))
 
 
+def _register_grpo() -> None:
+    from scaletrain.objectives.grpo_options import TRAINER_OPTIONS, GRPOOptions, build_grpo_objective
+
+    register_objective(ObjectiveType("grpo", GRPOOptions, build_grpo_objective, "prompt", TRAINER_OPTIONS))
+
+
+_register_grpo()
+
+
 def build_objective(kind: str, options: dict[str, Any] | BaseModel) -> Any:
     """The objective of ``kind`` with ``options`` (validated); ConfigError naming ``objective.<field>``."""
     from pydantic import ValidationError
