@@ -1,4 +1,4 @@
-"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``mesh``, ``sample``, ``ray``, ``sweep``.
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``objective``, ``mesh``, ``sample``, ``ray``, ``sweep``.
 
 A recipe is validated as a whole; every problem is reported as
 ``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
@@ -77,6 +77,29 @@ class TokenizerSection(BaseModel):
     path: str | None = None
 
 
+class ObjectiveSection(BaseModel):
+    """What training optimises: ``type`` (``lm``, ``dpo``, ``orpo``, ``cpo``, ``simpo``, ``kto``, ``grpo``; the registry of
+    ``scaletrain.objectives.registry``) and its options under TRL's names (``beta``, ``loss_type``, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "lm"
+
+    @model_validator(mode="after")
+    def _valid_options(self) -> ObjectiveSection:
+        from scaletrain.objectives.registry import build_objective
+
+        try:
+            build_objective(self.type, self.options)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class MeshSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -142,6 +165,7 @@ class Recipe(BaseModel):
     data: DataSection = DataSection()
     tokenizer: TokenizerSection = TokenizerSection()
     training: TrainingArguments = TrainingArguments()
+    objective: ObjectiveSection = ObjectiveSection()
     # LoRA / QLoRA (scaletrain.peft.lora_config); the same object as training.lora
     lora: LoRAConfig | None = None
     mesh: MeshSection = MeshSection()
@@ -158,6 +182,25 @@ class Recipe(BaseModel):
         if lora is not None and lora.base_model is None and self.model.pretrained:
             lora = lora.model_copy(update={"base_model": self.model.pretrained})
         self.lora = self.training.lora = lora
+        return self
+
+    @model_validator(mode="after")
+    def _objective_reads_its_data(self) -> Recipe:
+        """An objective that reads pairs (or KTO's rows) needs the data kind that serves them."""
+        from scaletrain.objectives.registry import get_objective_type
+
+        try:
+            want = get_objective_type(self.objective.type).data_kind
+        except ConfigError:
+            return self  # reported by the objective section
+        if want is not None and self.data.kind != want:
+            raise ValueError(f"objective.type={self.objective.type!r} reads rows of the data kind {want!r}, but "
+                             f"data.kind is {self.data.kind!r}; set data.kind: {want}")
+        if want is None and self.data.kind in ("preference", "unpaired_preference"):
+            raise ValueError(f"data.kind={self.data.kind!r} serves preference rows; set objective.type to dpo, orpo, "
+                             "cpo, simpo or kto")
+        if want is None and self.data.kind == "prompt":
+            raise ValueError("data.kind='prompt' serves prompts to sample completions from; set objective.type: grpo")
         return self
 
     @classmethod

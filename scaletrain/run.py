@@ -212,7 +212,9 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
     splits = load_datasets(recipe, tokenizer)
     model = build_model(recipe, tokenizer)
     has_eval = len(splits.eval) > 0
-    trainer = Trainer(
+    trainer_class, objective_kwargs = objective_trainer(recipe)
+    trainer = (trainer_class or Trainer)(
+        **objective_kwargs,
         arguments=args,
         model=model,
         dataset_train=splits.train,
@@ -234,6 +236,20 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
             f.write(text)
         write_summary(out, summary)  # the trainer's file, now with the sample (same atomic writer)
     return summary
+
+
+def objective_trainer(recipe: Recipe) -> tuple[Any, dict[str, Any]]:
+    """The trainer class of ``objective.type`` (None: ``Trainer``) and its objective keyword arguments
+    (the objective, and for a preference objective its reference options)."""
+    import importlib
+
+    from scaletrain.objectives.registry import trainer_setup
+
+    path, kwargs = trainer_setup(recipe.objective.type, recipe.objective.options)
+    if path is None:
+        return None, kwargs
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name), kwargs
 
 
 def check_recipe(recipe: Recipe, tokenizer: Any) -> None:

@@ -13,7 +13,7 @@ from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_mode
 from scaletrain.models.hf import save_hf_checkpoint
 
 WORDS = ("what is two plus three five six seven the sky colour blue green red say hello world goodbye name a "
-         "fruit apple stone count to one four yes no maybe cat dog sits runs").split()
+         "fruit apple stone count to one four yes no maybe cat dog sits runs please now").split()
 SPECIAL = ("<pad>", "</s>", "<unk>")
 
 # prompt, chosen, rejected: ragged lengths (padding inside a batch) for DPO
@@ -30,13 +30,13 @@ RAGGED_PAIRS = [
 # every prompt + completion the same number of words: TRL's ORPO and CPO average logits over their padded
 # batch, which equals the per-token figure only where no row is padded
 EVEN_PAIRS = [
-    ("what is two plus three", " five", " six"),
-    ("the sky colour blue", " blue", " red"),
+    ("what is two plus", " four", " six"),
+    ("the sky colour is", " blue", " red"),
     ("say hello to the", " world", " dog"),
     ("name a fruit please", " apple", " stone"),
     ("count to four now", " four", " one"),
     ("is the cat a", " cat", " dog"),
-    ("what is two plus", " four", " five"),
+    ("two plus two is", " four", " five"),
     ("the dog runs to", " one", " yes"),
 ]
 
@@ -54,12 +54,19 @@ def word_tokenizer(folder: str) -> Any:
     return tok
 
 
-def tiny_llama(seed: int, max_position_embeddings: int = 64) -> Any:
-    """A random float32 Llama (vocab 128) on the default mesh."""
+def one_device_mesh() -> Any:
+    """A mesh of one device: these tests compare numbers, and one device compiles several times faster."""
+    from scaletrain.parallel import create_mesh
+
+    return create_mesh((1, 1, 1, 1, 1), devices=jax.devices()[:1])
+
+
+def tiny_llama(seed: int, max_position_embeddings: int = 64, mesh: Any = None) -> Any:
+    """A random float32 Llama (vocab 128), on ``mesh`` (default: one device)."""
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
                          eos_token_id=1, pad_token_id=0, bos_token_id=None)
-    model, _ = create_sharded_model(LlamaForCausalLM, config, seed=seed)
+    model, _ = create_sharded_model(LlamaForCausalLM, config, seed=seed, mesh=mesh or one_device_mesh())
     return model
 
 

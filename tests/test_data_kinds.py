@@ -13,9 +13,10 @@ from scaletrain.recipe import Recipe
 
 def test_an_unknown_kind_names_the_field_and_the_known_kinds():
     with pytest.raises(ConfigError) as err:
-        Recipe.from_dict({"data": {"kind": "preference"}}, where="r.yaml")
-    assert "data.kind: unknown data kind 'preference'; the known kinds are chat, pretrain" in str(err.value)
-    with pytest.raises(DataError, match="data.kind: unknown data kind 'x'; the known kinds are chat, pretrain"):
+        Recipe.from_dict({"data": {"kind": "reward_pairs"}}, where="r.yaml")
+    known = "the known kinds are chat, preference, pretrain"
+    assert f"data.kind: unknown data kind 'reward_pairs'; {known}" in str(err.value)
+    with pytest.raises(DataError, match=f"data.kind: unknown data kind 'x'; {known}"):
         data_kind("x")
 
 

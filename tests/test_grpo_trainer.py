@@ -44,7 +44,7 @@ def _run(tmp_path, steps=8, **options):
                                 learning_rate=3e-2, scheduler="constant", max_training_steps=steps, log_steps=1,
                                 save_at_end=False, progress_bar=False, report_to=(), seed=0)
     opts = {"num_generations": 4, "max_completion_length": 6, "log_completions_steps": 4, **options}
-    trainer = GRPOTrainer(args, model=_tiny(len(tok)), options=opts, tokenizer=tok,
+    trainer = GRPOTrainer(arguments=args, model=_tiny(len(tok)), options=opts, tokenizer=tok,
                           dataset_train=[{"prompt": p, "topic": i} for i, p in enumerate(PROMPTS)],
                           reward_funcs=[yes_reward])
     trainer.train()
@@ -96,5 +96,5 @@ def test_total_batch_size_must_be_whole_groups(tmp_path):
     args = st.TrainingArguments(output_dir=str(tmp_path / "run"), total_batch_size=30, max_training_steps=1)
     with pytest.raises(ConfigError, match="total_batch_size=30 counts completions and must be a multiple of "
                                           "objective.num_generations=4"):
-        GRPOTrainer(args, model=_tiny(len(tok)), options={"num_generations": 4}, tokenizer=tok,
+        GRPOTrainer(arguments=args, model=_tiny(len(tok)), options={"num_generations": 4}, tokenizer=tok,
                     dataset_train=[{"prompt": p} for p in PROMPTS], reward_funcs=[yes_reward])

@@ -23,6 +23,7 @@ from preference_testing import (
     RAGGED_PAIRS,
     export,
     first_train_record,
+    one_device_mesh,
     pair_row,
     stack_rows,
     tiny_llama,
@@ -89,7 +90,7 @@ def _ours(policy, tmp_path, rows, length, objective, reference=None):
     args = st.TrainingArguments(output_dir=str(tmp_path / "ours"), total_batch_size=8, max_length=length,
                                 learning_rate=0.0, max_training_steps=1, log_steps=1, save_at_end=False,
                                 progress_bar=False, shuffle_train_dataset=False)
-    trainer = PreferenceTrainer(args, model=st.AutoModelForCausalLM.from_pretrained(policy),
+    trainer = PreferenceTrainer(args, model=st.AutoModelForCausalLM.from_pretrained(policy, mesh=one_device_mesh()),
                                 dataset_train=rows, data_collator=stack_rows, objective=objective,
                                 reference=reference)
     trainer.train()
@@ -110,21 +111,19 @@ REWARD_FIGURES = ["loss", "rewards/chosen", "rewards/rejected", "rewards/accurac
                   "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected"]
 
 
-@pytest.mark.parametrize("loss_type", [["sigmoid"], ["ipo"], ["sigmoid", "hinge"]])
+@pytest.mark.parametrize("loss_type", [["sigmoid"], ["ipo"]])
 def test_dpo_matches_trl(folders, tmp_path, loss_type):
     from trl import DPOConfig, DPOTrainer
 
     from scaletrain.objectives.dpo import DPOObjective
 
-    weights = [0.7, 0.3] if len(loss_type) > 1 else None
     trainer = DPOTrainer(model=torch_model(folders["policy"]), ref_model=torch_model(folders["reference"]),
                          args=_trl_args(DPOConfig, tmp_path / "trl", beta=0.1, loss_type=loss_type,
-                                        loss_weights=weights, max_length=None),
+                                        max_length=None),
                          train_dataset=_dataset(RAGGED_PAIRS), processing_class=folders["tokenizer"])
     theirs = _trl_first_log(trainer)
     rows, length = _rows_from_dpo(trainer.train_dataset)
-    ours = _ours(folders["policy"], tmp_path, rows, length, DPOObjective(beta=0.1, loss_type=tuple(loss_type),
-                                                     loss_weights=None if weights is None else tuple(weights)),
+    ours = _ours(folders["policy"], tmp_path, rows, length, DPOObjective(beta=0.1, loss_type=tuple(loss_type)),
                  reference=folders["reference"])
     assert 0 < theirs["rewards/accuracies"] < 1  # the random pair of models disagree on some pairs
     _compare(ours, theirs, REWARD_FIGURES + ["entropy", "mean_token_accuracy"])

@@ -20,11 +20,13 @@ from scaletrain.data.processing import extract_column_names, process_messages_da
 from scaletrain.data.records import ROLES, BadRows, check_messages, iter_conversations, iter_texts
 from scaletrain.data.sources import SourceRow, iter_source
 from scaletrain.data.splits import LMSplits, build_lm_splits
+from scaletrain.data.table import FixedRows
 from scaletrain.data.tokenizer import load_processor
 
 __all__ = [
     "BadRows",
     "ChatEncoder",
+    "FixedRows",
     "LMSplits",
     "PackedRows",
     "ROLES",

@@ -50,7 +50,7 @@ def build_datasets(
             f"{column!r} column in JSONL, Parquet, CSV or a Hugging Face dataset"
         )
 
-    def rows(source: str, split: str) -> Any:
+    def rows(source: str, split: str, column: str = column) -> Any:  # a kind reading several columns names each
         return iter_source(source, column, format=data.format, per_line=data.per_line, split=split)
 
     splits = kind.build(data, rows, tokenizer, bad, max_length=max_length, seed=seed, truncation_mode=truncation_mode)

@@ -38,9 +38,30 @@ class DataSection(BaseModel):
     assistant_only_loss: bool = True
     allow_split: bool = False  # split conversations longer than max_length instead of truncating
     chat_template: str | None = None  # Jinja text or a file; overrides the tokenizer's
+    # preference (kind: preference, unpaired_preference): TRL's column names and prompt cut
+    prompt_column: str = "prompt"  # absent from a paired source: the prompt is chosen's and rejected's shared start
+    chosen_column: str = "chosen"
+    rejected_column: str = "rejected"
+    completion_column: str = "completion"  # unpaired_preference (KTO)
+    label_column: str = "label"  # unpaired_preference: true (desirable) / false
+    max_prompt_length: int | None = None  # tokens of the prompt kept (training.truncation_mode's side); None: all
     # bad rows and speed
     skip_bad_rows: bool = False
     num_workers: int = Field(0, ge=0)  # tokenizer worker processes (0: in the main process)
+
+    @field_validator("prompt_column", "chosen_column", "rejected_column", "completion_column", "label_column")
+    @classmethod
+    def _column_named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a column name cannot be empty")
+        return value
+
+    @field_validator("max_prompt_length")
+    @classmethod
+    def _positive_prompt_length(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"must be a positive number of tokens (or null for the whole prompt), got {value}")
+        return value
 
     @field_validator("kind")
     @classmethod

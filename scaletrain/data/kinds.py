@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from scaletrain.data.records import BadRows, iter_conversations, iter_texts
 from scaletrain.errors import DataError
 
@@ -24,8 +26,8 @@ if TYPE_CHECKING:
 #: against this registry, so it is not imported here)
 DataSection = Any
 
-#: ``rows(source, split)``: the kind's column of a source's rows, streamed
-Rows = Callable[[str, str], Iterator[Any]]
+#: ``rows(source, split[, column])``: the kind's column (or another named one) of a source's rows, streamed
+Rows = Callable[..., Iterator[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,17 +118,54 @@ def _build_chat(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, 
     )
 
 
+def _set_chat_template(data: DataSection, tokenizer: Any) -> None:
+    """``data.chat_template`` on the tokenizer, so a saved checkpoint carries the template it was trained with."""
+    if data.chat_template:
+        tokenizer.chat_template = load_chat_template(data.chat_template)
+
+
+def _build_preference(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
+                      truncation_mode: str) -> LMSplits:
+    """Pairs (prompt / chosen / rejected) as TRL's DPOTrainer prepares them, one pair per row."""
+    from scaletrain.data.preference import build_preference
+
+    _set_chat_template(data, tokenizer)
+    return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
+                            truncation_mode=truncation_mode, paired=True)
+
+
+def _build_unpaired(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
+                    truncation_mode: str) -> LMSplits:
+    """KTO rows (prompt / completion / label) as TRL's KTOTrainer prepares them, with their KL rows."""
+    from scaletrain.data.preference import build_preference
+
+    _set_chat_template(data, tokenizer)
+    return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
+                            truncation_mode=truncation_mode, paired=False)
+
+
 register_data_kind(DataKind("pretrain", column=lambda d: d.text_column, build=_build_pretrain))
 register_data_kind(DataKind("chat", column=lambda d: d.messages_column, build=_build_chat, text_files=False))
+register_data_kind(DataKind("preference", column=lambda d: d.chosen_column, build=_build_preference,
+                            text_files=False))
+register_data_kind(DataKind("unpaired_preference", column=lambda d: d.completion_column, build=_build_unpaired,
+                            text_files=False))
 
 
 def _build_prompt(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
                   truncation_mode: str) -> LMSplits:
-    """Prompts are not token rows to train on: they feed rollouts (``scaletrain.data.prompts``), which only a
-    sampling objective runs."""
-    raise DataError("data.kind: prompt rows are sampled from, not trained on directly; use them with "
-                    "objective.type grpo (rollouts, rewards and advantages make its batches)")
+    """Prompts to sample from (``scaletrain.data.prompts``): ``train`` holds :class:`PromptRow` s, not token rows;
+    only a sampling objective (``objective.type: grpo``) reads them."""
+    from scaletrain.data.prompts import load_prompts
+    from scaletrain.data.splits import LMSplits
+    from scaletrain.data.table import FixedRows
+
+    _set_chat_template(data, tokenizer)
+    prompts = load_prompts(data.source, tokenizer, prompt_column=data.prompt_column,
+                           max_prompt_length=data.max_prompt_length, max_rows=data.max_documents)
+    empty = FixedRows({"input_ids": np.zeros((0, 1), np.int32)})
+    return LMSplits(train=prompts, eval=empty, eval_bytes_per_token=float("nan"),  # type: ignore[arg-type]
+                    stats={"prompts": len(prompts), "prompt_tokens_max": max(len(p.prompt_ids) for p in prompts)})
 
 
-register_data_kind(DataKind("prompt", column=lambda d: getattr(d, "prompt_column", "prompt"), build=_build_prompt,
-                            text_files=False))
+register_data_kind(DataKind("prompt", column=lambda d: d.prompt_column, build=_build_prompt, text_files=False))

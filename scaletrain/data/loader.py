@@ -23,21 +23,20 @@ import numpy as np
 
 from scaletrain.data.collate import RandomAccess, as_source, collate
 from scaletrain.data.packing import PackedRows
+from scaletrain.data.table import FixedRows
 from scaletrain.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import grain
 
-BATCH_KEYS = ("input_ids", "segment_ids", "positions")
 
+def as_source_or_rows(dataset: Any) -> PackedRows | FixedRows | RandomAccess:
+    """Packed rows and tables of fixed rows as they are, any other dataset as a random-access source.
 
-def as_source_or_rows(dataset: Any) -> PackedRows | RandomAccess:
-    """Packed rows as they are, any other dataset as a random-access source.
-
-    A no-op (the same object back) on packed rows and on anything already converted,
-    so it is safe to call again on its own result.
+    A no-op (the same object back) on packed rows, fixed rows and on anything already
+    converted, so it is safe to call again on its own result.
     """
-    return dataset if isinstance(dataset, PackedRows) else as_source(dataset)
+    return dataset if isinstance(dataset, (PackedRows, FixedRows)) else as_source(dataset)
 
 
 def steps_per_epoch(rows: Any, global_batch_size: int, *, drop_remainder: bool = True) -> int:
@@ -82,6 +81,16 @@ class _GatherRows:
         return out
 
 
+class _GatherTable:
+    """A batch of row indices as the table's columns (any keys; indices past the end are padding rows)."""
+
+    def __init__(self, rows: FixedRows):
+        self._rows = rows
+
+    def __call__(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        return self._rows.take(index)
+
+
 class _GatherExamples:
     """Fetches examples by index from any random-access source and collates them.
 
@@ -103,11 +112,13 @@ class _GatherExamples:
 
 
 def _gather_for(
-    rows: PackedRows | RandomAccess, max_length: int | None, truncation_mode: str, collate_fn: Any
-) -> _GatherRows | _GatherExamples:
-    """The batch builder: vectorised for packed rows, collation for examples (needs a length)."""
+    rows: PackedRows | FixedRows | RandomAccess, max_length: int | None, truncation_mode: str, collate_fn: Any
+) -> _GatherRows | _GatherTable | _GatherExamples:
+    """The batch builder: vectorised for packed and fixed rows, collation for examples (needs a length)."""
     if isinstance(rows, PackedRows):
         return _GatherRows(rows)  # tokens-only is decided once the padding is known
+    if isinstance(rows, FixedRows):
+        return _GatherTable(rows)  # its own keys and shapes: preference pairs, KTO rows
     if max_length is None and collate_fn is None:
         raise ConfigError("max_length is required to collate a dataset of examples")
     return _GatherExamples(rows, max_length or 0, truncation_mode, collate_fn)
@@ -168,7 +179,7 @@ def make_batch_iterator(
 ) -> grain.DatasetIterator:
     """Iterator over this process's share of each global batch, as int32 numpy dicts.
 
-    ``rows`` is :class:`PackedRows` (gathered vectorised) or any random-access
+    ``rows`` is :class:`PackedRows` or :class:`FixedRows` (gathered vectorised) or any random-access
     dataset of example dicts (a list, a ``datasets.Dataset``, a ``grain.MapDataset``,
     a dict of columns, or the result of :func:`as_source_or_rows`, used as it is),
     which is collated to ``max_length`` with ``truncation_mode``
@@ -176,7 +187,8 @@ def make_batch_iterator(
     "positions"[, "loss_mask"]}`` of shape ``[global_batch_size // process_count, L]``;
     packed rows that are each one unpadded sequence (:attr:`PackedRows.single_segment`)
     give ``input_ids`` alone (plus ``loss_mask``) unless the iterator pads, and the model
-    treats missing segments as plain causal attention.
+    treats missing segments as plain causal attention. :class:`FixedRows` (preference
+    pairs, KTO rows) are served under their own keys, each ``[rows, ...]`` as stored.
     Epoch ``e`` uses its own permutation (grain reseeds its index shuffle with
     ``seed + e``); ``num_epochs=None`` repeats forever. With ``drop_remainder=False``
     the last global batch of an epoch is filled with padding rows (``segment_ids ==

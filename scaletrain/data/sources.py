@@ -95,12 +95,16 @@ def _open_binary(path: str) -> IO[bytes]:
         raise DataError(f"cannot open {path}: {exc.strerror or exc}") from None
 
 
+class MissingColumnError(DataError):
+    """A source has no column of the requested name (a caller may treat an optional column's absence as a form)."""
+
+
 def _missing_column(column: str, origin: str, present: Iterable[str]) -> DataError:
     present = sorted(present)
     chat = [c for c in present if c in ("messages", "conversations")]
     hint = (f"these look like conversations: set data.kind: chat (and data.messages_column: {chat[0]})" if chat
             and column not in ("messages", "conversations") else "set data.text_column / data.messages_column")
-    return DataError(f"{origin}: no column {column!r}; the columns present are {present} ({hint})")
+    return MissingColumnError(f"{origin}: no column {column!r}; the columns present are {present} ({hint})")
 
 
 class _BadRowValue:
@@ -331,4 +335,4 @@ def source_format(source: Any, format: Format = "auto") -> str:
     return detect_format(resolve_paths(source)[0])
 
 
-__all__ = ["FORMATS", "SourceRow", "detect_format", "is_unreadable", "iter_source", "resolve_paths", "source_format"]
+__all__ = ["FORMATS", "MissingColumnError", "SourceRow", "detect_format", "is_unreadable", "iter_source", "resolve_paths", "source_format"]

@@ -34,6 +34,9 @@ T = TypeVar("T")
 class LMSplits:
     """Packed train and eval rows plus what is needed to report bits per byte.
 
+    Preference kinds put :class:`~scaletrain.data.table.FixedRows` in ``train`` and ``eval``
+    (one pair or KTO row per row) and NaN in ``eval_bytes_per_token``.
+
     ``eval_bytes_per_token`` is the UTF-8 size of the text the eval targets cover
     divided by the number of eval targets (tokens whose predecessor is in the same
     segment), so ``bits_per_byte = mean_eval_loss_nats / ln(2) / eval_bytes_per_token``.

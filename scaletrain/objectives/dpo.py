@@ -126,7 +126,7 @@ def check_loss_types(loss_type: tuple[str, ...], loss_weights: tuple[float, ...]
 class DPOObjective:
     """TRL 1.16's DPO loss family over pair batches (``chosen_*`` / ``rejected_*`` keys, see the module).
 
-    ``reference``: where the reference log-probabilities come from (``objectives/reference.py``).
+    ``reference_source``: where the reference log-probabilities come from (``objectives/reference.py``).
     """
 
     beta: float = 0.1
@@ -134,7 +134,7 @@ class DPOObjective:
     loss_weights: tuple[float, ...] | None = None
     label_smoothing: float = 0.0
     discopop_tau: float = 0.05
-    reference: str = "model"
+    reference_source: str = "model"
 
     name: ClassVar[str] = "dpo"
     normaliser: ClassVar[str] = "pairs"
@@ -150,17 +150,17 @@ class DPOObjective:
         if self.beta <= 0:
             raise ConfigError(f"objective.beta={self.beta} must be > 0")
         check_loss_types(self.loss_type, self.loss_weights, self.label_smoothing)
-        check_source(self.reference)
+        check_source(self.reference_source)
 
     @property
     def batch_keys(self) -> tuple[str, ...]:
         keys = tuple(f"{side}_{k}" for side in ("chosen", "rejected") for k in ("input_ids", "segment_ids",
                                                                                  "loss_mask"))
-        return keys + (self.precomputed_keys if self.reference == "precomputed" else ())
+        return keys + (self.precomputed_keys if self.reference_source == "precomputed" else ())
 
     @property
     def frozen_models(self) -> tuple[str, ...]:
-        return reference_frozen_models(self.reference)
+        return reference_frozen_models(self.reference_source)
 
     #: the batch keys ``precompute_ref_log_probs`` serves
     precomputed_keys: ClassVar[tuple[str, ...]] = ("ref_chosen_logps", "ref_rejected_logps")
@@ -175,7 +175,7 @@ class DPOObjective:
         """The summed loss over the micro-batch's pairs and the figures' sums (one policy forward of [2B, L])."""
         rows_in = concatenated(batch, "chosen_", "rejected_")
         chosen, rejected = halves(sequence_stats(model, *rows_in))
-        ref = reference_logps(self.reference, model, frozen, rows_in,
+        ref = reference_logps(self.reference_source, model, frozen, rows_in,
                               tuple(batch.get(k) for k in ("ref_chosen_logps", "ref_rejected_logps")))
         ref_chosen, ref_rejected = jnp.split(ref, 2)
         rows = real_rows(batch["chosen_segment_ids"])

@@ -124,9 +124,5 @@ def build_grpo_objective(o: GRPOOptions) -> Any:
                          importance_sampling_correction=o.vllm_importance_sampling_correction)
 
 
-#: the options the GRPO trainer reads (rollouts, rewards, reference), beside the objective's
-TRAINER_OPTIONS = ("num_generations", "max_prompt_length", "max_completion_length", "temperature", "top_p", "top_k",
-                   "reward_funcs", "reward_weights", "scale_rewards", "mask_truncated_completions", "reference",
-                   "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
-                   "vllm_importance_sampling_clip_min", "log_completions", "log_completions_steps",
-                   "num_completions_to_print")
+#: the options handed to the GRPO trainer (all of them: it samples, scores and records them in checkpoints)
+TRAINER_OPTIONS = tuple(GRPOOptions.model_fields)

@@ -53,7 +53,7 @@ class KTOObjective:
     loss_type: str = "kto"
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
-    reference: str = "model"
+    reference_source: str = "model"
 
     name: ClassVar[str] = "kto"
     normaliser: ClassVar[str] = "rows"
@@ -67,7 +67,7 @@ class KTOObjective:
         for field in ("desirable_weight", "undesirable_weight"):
             if getattr(self, field) < 0:
                 raise ConfigError(f"objective.{field}={getattr(self, field)} must be >= 0")
-        check_source(self.reference)
+        check_source(self.reference_source)
 
     @property
     def uses_kl(self) -> bool:
@@ -76,13 +76,13 @@ class KTOObjective:
     @property
     def batch_keys(self) -> tuple[str, ...]:
         keys = ROW_KEYS + ("label",) + (tuple(f"kl_{k}" for k in ROW_KEYS) if self.uses_kl else ())
-        if self.reference == "precomputed":
+        if self.reference_source == "precomputed":
             keys += ("ref_logps",) + (("ref_kl_logps",) if self.uses_kl else ())
         return keys
 
     @property
     def frozen_models(self) -> tuple[str, ...]:
-        return reference_frozen_models(self.reference)
+        return reference_frozen_models(self.reference_source)
 
     def _rows(self, batch: Batch) -> tuple[Array, Array, Array, Any]:
         """The rows scored: the batch's, then (for ``kto``) its KL rows, concatenated for one forward."""
@@ -108,7 +108,7 @@ class KTOObjective:
         rows_in = self._rows(batch)
         stats = sequence_stats(model, *rows_in)
         pre = (batch.get("ref_logps"),) + ((batch.get("ref_kl_logps"),) if self.uses_kl else ())
-        ref = reference_logps(self.reference, model, frozen, rows_in, pre)
+        ref = reference_logps(self.reference_source, model, frozen, rows_in, pre)
         rows = real_rows(batch["segment_ids"])
         sg = jax.lax.stop_gradient
         if self.uses_kl:

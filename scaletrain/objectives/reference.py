@@ -29,9 +29,9 @@ REFERENCE_SOURCES = ("model", "adapters_off", "precomputed")
 REFERENCE = "reference"
 
 
-def check_source(source: str, field: str = "objective.reference") -> str:
+def check_source(source: str) -> str:
     if source not in REFERENCE_SOURCES:
-        raise ConfigError(f"{field}={source!r} is not one of {list(REFERENCE_SOURCES)}")
+        raise ConfigError(f"reference_source={source!r} is not one of {list(REFERENCE_SOURCES)}")
     return source
 
 

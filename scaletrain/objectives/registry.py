@@ -29,6 +29,9 @@ class ObjectiveType:
     data_kind: str | None = None
     #: options the trainer reads (the reference model), not the objective
     trainer_options: tuple[str, ...] = ()
+    #: the trainer class that runs it, as ``module:Class`` (None: ``Trainer``); a string, since the
+    #: trainers live in a layer above this one
+    trainer: str | None = None
 
 
 _REGISTRY: dict[str, ObjectiveType] = {}
@@ -147,33 +150,51 @@ def _kto(o: KTOOptions) -> Any:
 
 
 _REFERENCE = ("reference", "precompute_ref_log_probs")
+_PREFERENCE_TRAINER = "scaletrain.training.preference:PreferenceTrainer"
 register_objective(ObjectiveType("lm", LMOptions, lambda o: None))
-register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE))
-register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference"))
-register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference"))
-register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference"))
-register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE))
+register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE, _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference", (), _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _PREFERENCE_TRAINER))
+register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _PREFERENCE_TRAINER))
 
 
 def _register_grpo() -> None:
     from scaletrain.objectives.grpo_options import TRAINER_OPTIONS, GRPOOptions, build_grpo_objective
 
-    register_objective(ObjectiveType("grpo", GRPOOptions, build_grpo_objective, "prompt", TRAINER_OPTIONS))
+    register_objective(ObjectiveType("grpo", GRPOOptions, build_grpo_objective, "prompt", TRAINER_OPTIONS,
+                                     "scaletrain.rl.trainer:GRPOTrainer"))
 
 
 _register_grpo()
 
 
-def build_objective(kind: str, options: dict[str, Any] | BaseModel) -> Any:
-    """The objective of ``kind`` with ``options`` (validated); ConfigError naming ``objective.<field>``."""
+def validate_options(kind: str, options: dict[str, Any] | BaseModel) -> BaseModel:
+    """``options`` validated by ``kind``'s options model; ConfigError naming ``objective.<field>``."""
     from pydantic import ValidationError
 
     from scaletrain.config_keys import format_validation_error
 
     spec = get_objective_type(kind)
-    if not isinstance(options, spec.options):
-        try:
-            options = spec.options.model_validate(dict(options))
-        except ValidationError as err:
-            raise ConfigError(format_validation_error(err, "objective", spec.options)) from None
-    return spec.build(options)
+    if isinstance(options, spec.options):
+        return options
+    try:
+        return spec.options.model_validate(dict(options))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "objective", spec.options)) from None
+
+
+def build_objective(kind: str, options: dict[str, Any] | BaseModel) -> Any:
+    """The objective of ``kind`` with ``options`` (validated); ConfigError naming ``objective.<field>``."""
+    return get_objective_type(kind).build(validate_options(kind, options))
+
+
+def trainer_setup(kind: str, options: dict[str, Any] | BaseModel) -> tuple[str | None, dict[str, Any]]:
+    """``(trainer class path or None, keyword arguments: the objective and the trainer's options)`` for a run of
+    ``kind``; ``(None, {})`` for the default language-model loss."""
+    spec = get_objective_type(kind)
+    valid = validate_options(kind, options)
+    objective = spec.build(valid)
+    if objective is None:
+        return spec.trainer, {}
+    return spec.trainer, {"objective": objective, **{name: getattr(valid, name) for name in spec.trainer_options}}

@@ -35,7 +35,9 @@ from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_to
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
 from scaletrain.objectives.reference import adapters_off
+from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
+from scaletrain.rl.config import GRPOConfig
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl.rewards import load_rewards
 from scaletrain.rl.scoring import (
@@ -71,6 +73,14 @@ def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
     return nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
 
 
+def _one_of(**named: Any) -> Any:
+    """The one argument given among names for the same thing (TRL's and ours); ConfigError for two."""
+    given = [k for k, v in named.items() if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give {given[0]!r} or {given[1]!r}, not both (the same argument under two names)")
+    return named[given[0]] if given else None
+
+
 def check_batch_size(total_batch_size: int, num_generations: int) -> int:
     """Prompts per step; ConfigError unless ``num_generations`` divides ``training.total_batch_size``."""
     if total_batch_size % num_generations:
@@ -82,23 +92,44 @@ def check_batch_size(total_batch_size: int, num_generations: int) -> int:
 class GRPOTrainer(Trainer):
     """GRPO and its variants over prompts (see the module docstring).
 
-    ``dataset_train``: :class:`~scaletrain.data.prompts.PromptRow` s, or prompt rows (a JSONL / Parquet /
-    CSV path, dicts, a ``datasets.Dataset``) that ``tokenizer`` turns into them. ``reward_funcs``:
+    TRL's argument names (``model``, ``reward_funcs``, ``args``, ``train_dataset``, ``processing_class``) or
+    ours (``arguments``, ``dataset_train``, ``tokenizer``). ``args``: a :class:`GRPOConfig` (its ``grpo``
+    options), or ``TrainingArguments`` with the GRPO options in ``options`` or as keywords.
+    ``train_dataset``: :class:`~scaletrain.data.prompts.PromptRow` s, or prompt rows (a JSONL / Parquet /
+    CSV path, dicts, a ``datasets.Dataset``) that the tokenizer turns into them. ``reward_funcs``:
     callables or recipe entries (``scaletrain.rl.rewards``); default ``options.reward_funcs``.
     """
 
-    def __init__(self, arguments: Any, model: Any = None, *, options: GRPOOptions | dict[str, Any],
-                 dataset_train: Any, tokenizer: Any, reward_funcs: Any = None, **kwargs: Any):
-        self.options = options if isinstance(options, GRPOOptions) else GRPOOptions(**dict(options))
+    def __init__(self, model: Any = None, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, *, arguments: Any = None,
+                 dataset_train: Any = None, dataset_eval: Any = None, tokenizer: Any = None,
+                 options: GRPOOptions | dict[str, Any] | None = None, objective: Any = None,
+                 eval_bytes_per_token: float | None = None, **kwargs: Any):
+        arguments = _one_of(args=args, arguments=arguments)
+        dataset_train = _one_of(train_dataset=train_dataset, dataset_train=dataset_train)
+        tokenizer = _one_of(processing_class=processing_class, tokenizer=tokenizer)
+        if arguments is None or dataset_train is None:
+            raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
+                              "(prompt rows)")
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields}
+        base = arguments.grpo.model_dump() if isinstance(arguments, GRPOConfig) else {}
+        if isinstance(options, GRPOOptions):
+            options = options.model_dump()
+        self.options = validate_options("grpo", {**base, **dict(options or {}), **fields})
+        if _one_of(eval_dataset=eval_dataset, dataset_eval=dataset_eval) is not None:
+            raise ConfigError("GRPO has no evaluation split (its figures are logged every step): drop eval_dataset "
+                              "(data.eval_source / eval_fraction)")
         o = self.options
         if tokenizer is None:
             raise ConfigError("GRPOTrainer needs a tokenizer: completions are decoded for the reward functions")
         self.prompts_per_step = check_batch_size(arguments.total_batch_size, o.num_generations)
         self.reward_functions, self.reward_weights = load_rewards(
             reward_funcs if reward_funcs is not None else o.reward_funcs, o.reward_weights)
-        rows = dataset_train if isinstance(dataset_train, list) and dataset_train and \
-            isinstance(dataset_train[0], PromptRow) else load_prompts(dataset_train, tokenizer,
-                                                                      max_prompt_length=o.max_prompt_length)
+        if isinstance(dataset_train, list) and dataset_train and isinstance(dataset_train[0], PromptRow):
+            rows = [r if o.max_prompt_length is None else dataclasses.replace(
+                r, prompt_ids=r.prompt_ids[-o.max_prompt_length:]) for r in dataset_train]
+        else:
+            rows = load_prompts(dataset_train, tokenizer, max_prompt_length=o.max_prompt_length)
         self.prompt_rows: list[PromptRow] = rows
         self.conversational = is_messages(rows[0].prompt)
         self._scored: _Scored | None = None
@@ -106,7 +137,7 @@ class GRPOTrainer(Trainer):
         self._reference_source: str | None = None
         self._completions_window: int | None = None
         super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
-                         objective=build_grpo_objective(o), **kwargs)
+                         objective=objective if objective is not None else build_grpo_objective(o), **kwargs)
 
     # ---- configuration ----------------------------------------------------------------
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:

@@ -51,7 +51,7 @@ from scaletrain.training.lora_state import base_record, check_lora_base, with_lo
 from scaletrain.training.resume import restore_data_position, warn_about_later_checkpoints
 from scaletrain.training.run_lock import RunLock, acquire_run_lock, release_run_lock
 from scaletrain.training.state import TrainState, adopt_state, create_train_state, state_shardings
-from scaletrain.training.steps import make_step_functions
+from scaletrain.training.steps import make_step_functions, rank_sharding
 from scaletrain.training.stopping import NanGuard, StoppingRules
 
 logger = logging.getLogger("scaletrain")
@@ -399,10 +399,9 @@ class BaseTrainer(BaseTrainerProtocol):
 
     # ---- helpers offered to callbacks (TrainerView) ----------------------------------
     def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Assemble global arrays from this process's rows of the batch."""
-        return {
-            k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)) for k, v in batch.items()
-        }
+        """Global arrays from this process's rows of the batch, each key split over the batch axes (rank_sharding)."""
+        return {k: jax.make_array_from_process_local_data(rank_sharding(self.batch_sharding, np.ndim(v)),
+                                                          np.asarray(v)) for k, v in batch.items()}
 
     def learning_rate_at(self, step: int) -> float:
         return float(self._scheduler(step))

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.logps import row_logps
@@ -75,7 +76,7 @@ class PreferenceTrainer(Trainer):
                 (base_record(built.model, state.frozen) or {}).get("base_sha256", "")
             self._precompute(state, frozen, source, digest)
             source, frozen = "precomputed", None  # the reference is no longer held
-        self.objective = dataclasses.replace(self.objective, reference=source)
+        self.objective = dataclasses.replace(self.objective, reference_source=source)
         if frozen is not None:
             state = state.replace(frozen_models={**state.frozen_models, "reference": frozen})
         logger.info("reference: %s", {"model": (self.reference_record or {}).get("reference"),
@@ -143,6 +144,8 @@ class PreferenceTrainer(Trainer):
     # ---- checkpoints --------------------------------------------------------------------
     def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
         meta = super().checkpoint_metadata(state)
+        # the arguments as TrainingArguments (export reads them back): a DPOConfig's options go under "objective"
+        meta["arguments"] = {k: v for k, v in meta["arguments"].items() if k in TrainingArguments.model_fields}
         meta["objective"] = {"name": self.objective.name, **{
             f.name: getattr(self.objective, f.name) for f in dataclasses.fields(self.objective)}}
         meta["reference"] = self.reference_record

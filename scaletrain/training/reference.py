@@ -34,7 +34,7 @@ POLICY_COPY = "starting policy (copy)"
 
 def needs_reference(objective: Any) -> bool:
     """Whether ``objective`` reads reference log-probabilities (DPO, KTO; not ORPO or CPO/SimPO)."""
-    return hasattr(objective, "reference")
+    return hasattr(objective, "reference_source")
 
 
 def default_source(model: nnx.Module, given: Any) -> str:

@@ -11,6 +11,7 @@ micro-batch, and how its sums become metrics, is the objective's
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.key_paths import key_names
 from scaletrain.models.scanned_layers import stacked_axes
@@ -184,6 +186,60 @@ def eval_step(state: TrainState, batch: Batch, *, objective: Objective,
     return sums
 
 
+def rank_sharding(sharding: Any, ndim: int) -> Any:
+    """``sharding`` for an array of rank ``ndim``: a named sharding's spec cut to that rank.
+
+    A batch's ``[B, L]`` arrays take the step partition spec (batch axes, then sequence
+    axes); a per-row ``[B]`` value (a KTO label, a precomputed reference log-prob) takes
+    its batch axes alone, so every key is split over the batch axis alike. Any other
+    sharding is used as it is.
+    """
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[:ndim]))
+
+
+def batch_shardings(batch: Mapping[str, Any], sharding: Any) -> dict[str, Any]:
+    """Each key of ``batch`` (arrays or shape structs) with :func:`rank_sharding` of its rank."""
+    return {k: rank_sharding(sharding, len(v.shape)) for k, v in batch.items()}
+
+
+class LayoutJit:
+    """A step jitted once per batch layout (its keys and their ranks), the batch sharded per key.
+
+    Why not one ``jax.jit`` with the batch sharding as a prefix: a prefix gives every key
+    the same sharding, which a ``[B]`` key cannot take when the ``[B, L]`` keys are also
+    split over the sequence. The keys are only known when a batch arrives (they are the
+    data kind's), so the in-shardings are built then; the usual batch (the same keys every
+    step) compiles once.
+    """
+
+    def __init__(self, fn: Callable, state_sharding: Any, batch_sharding: Any, out_shardings: Any,
+                 donate_argnums: tuple[int, ...] = ()):
+        self._fn = fn
+        self._state_sharding = state_sharding
+        self._batch_sharding = batch_sharding
+        self._out_shardings = out_shardings
+        self._donate = donate_argnums
+        self._jitted: dict[tuple[tuple[str, int], ...], Any] = {}
+
+    def jitted(self, batch: Mapping[str, Any]) -> Any:
+        """The ``jax.jit`` of the step for ``batch``'s layout (built on first use)."""
+        layout = tuple(sorted((k, len(v.shape)) for k, v in batch.items()))
+        if layout not in self._jitted:
+            self._jitted[layout] = jax.jit(
+                self._fn, in_shardings=(self._state_sharding, batch_shardings(batch, self._batch_sharding)),
+                out_shardings=self._out_shardings, donate_argnums=self._donate,
+            )
+        return self._jitted[layout]
+
+    def __call__(self, state: Any, batch: Mapping[str, Any]) -> Any:
+        return self.jitted(batch)(state, batch)
+
+    def lower(self, state: Any, batch: Mapping[str, Any]) -> Any:
+        return self.jitted(batch).lower(state, batch)
+
+
 def make_step_functions(
     tx: optax.GradientTransformation,
     state_sharding: Any,
@@ -194,19 +250,20 @@ def make_step_functions(
     guard_nonfinite: bool = True,
     log_grad_norms: bool = False,
     log_weight_stats: bool = False,
-) -> tuple[Callable, Callable]:
-    """Jit the steps of ``objective`` with explicit in/out shardings; the train state is donated."""
-    train = jax.jit(
+) -> tuple[LayoutJit, LayoutJit]:
+    """Jit the steps of ``objective`` with explicit in/out shardings; the train state is donated.
+
+    ``batch_sharding`` is that of a ``[B, L]`` batch array; each key of a batch gets it
+    cut to its rank (:func:`rank_sharding`), so ``[B]`` keys are split over the batch axes.
+    """
+    train = LayoutJit(
         functools.partial(train_step, tx=tx, objective=objective,
                           gradient_accumulation_steps=gradient_accumulation_steps, guard_nonfinite=guard_nonfinite,
                           log_grad_norms=log_grad_norms, log_weight_stats=log_weight_stats),
-        in_shardings=(state_sharding, batch_sharding),
-        out_shardings=(state_sharding, replicated),
-        donate_argnums=(0,),
+        state_sharding, batch_sharding, (state_sharding, replicated), donate_argnums=(0,),
     )
-    evaluate = jax.jit(
+    evaluate = LayoutJit(
         functools.partial(eval_step, objective=objective, gradient_accumulation_steps=gradient_accumulation_steps),
-        in_shardings=(state_sharding, batch_sharding),
-        out_shardings=replicated,
+        state_sharding, batch_sharding, replicated,
     )
     return train, evaluate

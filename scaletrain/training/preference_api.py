@@ -1,0 +1,117 @@
+"""``DPOConfig`` / ``DPOTrainer`` and ORPO's, CPO's (SimPO's) and KTO's: TRL's and EasyDeL's entry points.
+
+Why these classes: a TRL or EasyDeL user should change only the import line. Each config is
+``TrainingArguments`` plus the objective's options under TRL's names (``beta``, ``loss_type``,
+``label_smoothing``, ``simpo_gamma``, ``cpo_alpha``, ``desirable_weight``, ...), so the
+other arguments keep their table of other names (``per_device_train_batch_size`` is answered,
+``max_steps`` is ``max_training_steps``, ...). Each trainer accepts TRL's argument names
+(``args``, ``ref_model``, ``train_dataset``, ``eval_dataset``, ``processing_class``) and
+EasyDeL's (``arguments``, ``reference_model``) besides ours (``dataset_train``, ``tokenizer``),
+and runs :class:`~scaletrain.training.preference.PreferenceTrainer` with the objective built by
+the registry from the config, so Python and recipes build the same objective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.arguments import TrainingArguments
+from scaletrain.errors import ConfigError
+from scaletrain.objectives.registry import CPOOptions, DPOOptions, KTOOptions, ORPOOptions, build_objective
+from scaletrain.training.preference import PreferenceTrainer
+
+
+class DPOConfig(TrainingArguments, DPOOptions):
+    """TrainingArguments plus DPO's options (TRL's ``DPOConfig`` names)."""
+
+
+class ORPOConfig(TrainingArguments, ORPOOptions):
+    """TrainingArguments plus ORPO's ``beta`` (TRL's λ)."""
+
+
+class CPOConfig(TrainingArguments, CPOOptions):
+    """TrainingArguments plus CPO's options; ``loss_type="simpo"`` is SimPO (set ``cpo_alpha=0`` for pure SimPO)."""
+
+
+class KTOConfig(TrainingArguments, KTOOptions):
+    """TrainingArguments plus KTO's options (``desirable_weight`` / ``undesirable_weight``)."""
+
+
+class _PreferenceTrainerBase(PreferenceTrainer):
+    kind: str
+    config_class: type[TrainingArguments]
+    reads_reference: bool = True
+
+    def __init__(self, model: Any = None, ref_model: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, data_collator: Any = None,
+                 **kwargs: Any):
+        named = {"model": model, "ref_model": ref_model, "args": args, "train_dataset": train_dataset,
+                 "eval_dataset": eval_dataset, "processing_class": processing_class, **kwargs}
+        pick = _Picker(named)
+        arguments = pick(("args", "arguments"))
+        if arguments is None:
+            raise ConfigError(f"{type(self).__name__} needs args= (a {self.config_class.__name__})")
+        if not isinstance(arguments, self.config_class):
+            raise ConfigError(f"{type(self).__name__}(args=...) takes a {self.config_class.__name__}, got "
+                              f"{type(arguments).__name__}")
+        reference = pick(("ref_model", "reference_model"))
+        if reference is not None and not self.reads_reference:
+            raise ConfigError(f"{type(self).__name__} reads no reference model; drop ref_model")
+        options = {k: getattr(arguments, k) for k in self.config_class.model_fields
+                   if k not in TrainingArguments.model_fields}
+        extra: dict[str, Any] = {}
+        if self.reads_reference:
+            reference = reference if reference is not None else options.get("reference")
+            extra = {"reference": reference, "precompute_ref_log_probs": options.get("precompute_ref_log_probs")}
+        super().__init__(
+            arguments, model=pick(("model",)), objective=build_objective(self.kind, options),
+            dataset_train=pick(("train_dataset", "dataset_train")), dataset_eval=pick(("eval_dataset", "dataset_eval")),
+            tokenizer=pick(("processing_class", "tokenizer")), data_collator=data_collator, **extra, **pick.rest(),
+        )
+
+
+class _Picker:
+    """Takes each argument under its first given name, refusing two names for the same thing."""
+
+    def __init__(self, named: dict[str, Any]):
+        self.named = dict(named)
+
+    def __call__(self, names: tuple[str, ...]) -> Any:
+        given = [n for n in names if self.named.get(n) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"give {given[0]!r} or {given[1]!r}, not both (the same argument under two names)")
+        values = [self.named.pop(n, None) for n in names]
+        return next((v for v in values if v is not None), None)
+
+    def rest(self) -> dict[str, Any]:
+        return {k: v for k, v in self.named.items() if v is not None}
+
+
+class DPOTrainer(_PreferenceTrainerBase):
+    """DPO (and IPO, hinge, ... by ``loss_type``) with TRL's and EasyDeL's argument names."""
+
+    kind = "dpo"
+    config_class = DPOConfig
+
+
+class ORPOTrainer(_PreferenceTrainerBase):
+    """ORPO (no reference model) with TRL's and EasyDeL's argument names."""
+
+    kind = "orpo"
+    config_class = ORPOConfig
+    reads_reference = False
+
+
+class CPOTrainer(_PreferenceTrainerBase):
+    """CPO, and SimPO with ``CPOConfig(loss_type="simpo")`` (no reference model)."""
+
+    kind = "cpo"
+    config_class = CPOConfig
+    reads_reference = False
+
+
+class KTOTrainer(_PreferenceTrainerBase):
+    """KTO over unpaired rows with TRL's and EasyDeL's argument names."""
+
+    kind = "kto"
+    config_class = KTOConfig
