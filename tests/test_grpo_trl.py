@@ -7,7 +7,8 @@ own ``_generate_and_score_completions`` computes the advantages and TRL's own ``
 loss and figures; we compute ours from the same per-token log-probabilities (TRL's, read through
 its ``_get_per_token_logps_and_entropies``), the same old and reference log-probabilities (set
 away from the current ones so the ratio is clipped and the KL is not 0) and the same masks, for
-every ``loss_type`` x ``importance_sampling_level`` x ``scale_rewards``.
+every ``loss_type`` x ``importance_sampling_level`` x ``scale_rewards``; and the sampler-vs-trainer
+importance-sampling correction (TRL's vLLM path, fed sampler log-probs through ``rollout_func``) in its four modes.
 
 Tolerance: both sides compute in float32 from the same inputs, with different summation orders
 (torch vs numpy / XLA) over at most 48 tokens: ~1e-7 relative per value, so 1e-5 relative with a
@@ -145,3 +146,69 @@ def test_mask_truncated_completions_masks_what_trl_masks(trl_trainer):
     mask = (np.arange(MAX_LEN)[None, :] < lengths[:, None]).astype(np.int32)
     truncated = np.array([c[-1] != 1 for c in COMPLETIONS])
     np.testing.assert_array_equal(truncated_mask(mask, truncated), out["completion_mask"].numpy())
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_importance_sampling_correction_matches_trl(trl_trainer, mode):
+    """TRL's sampler-vs-trainer correction (its vLLM path, fed our sampler's log-probs through rollout_func):
+    the ratio, the logged difference and the corrected loss."""
+    import jax.numpy as jnp
+    import torch
+
+    from scaletrain.objectives.grpo import GRPOObjective
+    from scaletrain.objectives.grpo_loss import GRPOLossConfig, importance_sampling_ratio
+    from scaletrain.rl.scoring import logprob_diff
+
+    t = trl_trainer
+    g = torch.Generator().manual_seed(1)
+    # near a random 128-word policy's log(1/128) = -4.85, so some ratios fall inside [0.8, 1.25] and some outside
+    sampler = [(-4.85 + 0.6 * (torch.rand(len(c), generator=g) - 0.5)).tolist() for c in COMPLETIONS]
+    original = t.rollout_func
+
+    def with_logprobs(prompts, trainer):
+        return {**original(prompts, trainer), "logprobs": sampler}
+
+    saved = (t.use_vllm, t.vllm_importance_sampling_correction, t.vllm_importance_sampling_mode,
+             t.vllm_importance_sampling_clip_min, t.vllm_importance_sampling_clip_max, t.loss_type)
+    t.rollout_func, t.use_vllm, t.vllm_importance_sampling_correction = with_logprobs, True, True
+    t.vllm_importance_sampling_mode, t.vllm_importance_sampling_clip_min = mode, 0.8
+    t.vllm_importance_sampling_clip_max, t.loss_type = 1.25, "dapo"
+    t._last_loaded_step = t.state.global_step  # no vLLM weights to sync
+    try:
+        t._metrics["train"].clear()
+        out = t._generate_and_score_completions(_inputs())
+        mask = out["completion_mask"]
+        trainer_logps = out["old_per_token_logps"].numpy()
+        sampler_logps = out["sampling_per_token_logps"].numpy()
+        ratio = importance_sampling_ratio(jnp.asarray(trainer_logps), jnp.asarray(sampler_logps),
+                                          jnp.asarray(mask.numpy(), jnp.float32), mode, 0.8, 1.25)
+        _close(np.asarray(ratio) * (mask.numpy() if mode.startswith("token") else 1),
+               out["importance_sampling_ratio"].numpy() * (mask.numpy() if mode.startswith("token") else 1), "ratio")
+        raw = np.exp((trainer_logps - sampler_logps) * mask.numpy())[mask.numpy() != 0]
+        if mode.startswith("token"):  # the correction both keeps and bounds (or drops) some tokens
+            assert ((raw > 0.8) & (raw < 1.25)).any() and ((raw < 0.8) | (raw > 1.25)).any()
+        diff = logprob_diff(trainer_logps, sampler_logps, mask.numpy())
+        _close(diff["rollout/logprob_diff_mean"], t._metrics["train"]["sampling/sampling_logp_difference/mean"][-1],
+               "mean")
+        _close(diff["rollout/logprob_diff_max"], t._metrics["train"]["sampling/sampling_logp_difference/max"][-1],
+               "max")
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention = torch.cat([out["prompt_mask"], mask], dim=1)
+        with torch.no_grad():
+            logps, entropy, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, mask.shape[1],
+                                                                     compute_entropy=True)
+        out["ref_per_token_logps"] = logps + 0.5 * torch.randn(logps.shape, generator=g)
+        with torch.no_grad():
+            trl_loss = float(t._compute_loss(t.model, out))
+    finally:
+        t.rollout_func = original
+        (t.use_vllm, t.vllm_importance_sampling_correction, t.vllm_importance_sampling_mode,
+         t.vllm_importance_sampling_clip_min, t.vllm_importance_sampling_clip_max, t.loss_type) = saved
+    objective = GRPOObjective(loss=GRPOLossConfig(epsilon=0.2, epsilon_high=0.28, beta=0.04,
+                                                  max_completion_length=MAX_LEN),
+                              num_iterations=2, importance_sampling_correction=True)
+    batch = {"advantages": jnp.asarray(out["advantages"].numpy()), "old_logps": jnp.asarray(trainer_logps),
+             "ref_logps": jnp.asarray(out["ref_per_token_logps"].numpy()), "importance_sampling_ratio": ratio}
+    loss, sums = objective.sums_from_logps(jnp.asarray(logps.numpy()), jnp.asarray(entropy.numpy()), batch,
+                                           jnp.asarray(mask.numpy(), jnp.float32))
+    _close(float(loss / jnp.maximum(sums[objective.normaliser], 1.0)), trl_loss, "loss")
