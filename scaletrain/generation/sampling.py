@@ -71,7 +71,54 @@ def sample_token(
     ``temperature`` and ``top_p`` may be traced values; whether to sample at all is
     decided by the caller (a Python ``temperature <= 0`` means greedy).
     """
-    return jax.random.categorical(key, filter_logits(logits, temperature, top_k, top_p), axis=-1)
+    keys = jax.random.split(key, logits.shape[0])
+    return categorical(keys, filter_logits(logits, temperature, top_k, top_p))
+
+
+#: tokens per block of :func:`categorical`'s two-level search
+BLOCK = 256
+
+
+def first_argmax(x: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis (the first index of the largest value), as two plain reductions.
+
+    Why not ``jnp.argmax``: XLA's CPU backend runs its (value, index) pair reduction some 10x
+    slower than a max and a min over [16, 49152] logits, and greedy decoding does one per step.
+    """
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = jnp.min(jnp.where(x == top, jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape[-1]), axis=-1)
+    return jnp.minimum(index, x.shape[-1] - 1)
+
+
+def _below(total: jax.Array) -> jax.Array:
+    """The largest float32 below ``total`` (> 0): a draw clamped under it always lands on a token."""
+    return jnp.nextafter(total, jnp.zeros_like(total))
+
+
+def categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row of ``softmax(logits)`` [B, V] (``-inf``: never drawn), with key ``keys[i]`` for row i.
+
+    Inverse-CDF sampling with one uniform number per row, searched in two levels: the row's
+    probability mass in blocks of :data:`BLOCK` tokens, the block the number falls in, then the
+    token inside it. Why not ``jax.random.categorical`` (Gumbel-max): that draws V random numbers
+    per row and step (threefry on the CPU: ~10 ms for 16 x 49152), ten times what the search
+    costs. Each level clamps the number below its total, so rounding can never pick a token of
+    zero probability.
+    """
+    b, v = logits.shape
+    nb = -(-v // BLOCK)
+    logits = logits.astype(jnp.float32)
+    w = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    w = jnp.pad(w, ((0, 0), (0, nb * BLOCK - v))).reshape(b, nb, BLOCK)
+    mass = jnp.cumsum(jnp.sum(w, axis=-1), axis=-1)  # [B, nb]
+    u = jax.vmap(jax.random.uniform)(keys) * mass[:, -1]
+    u = jnp.minimum(u, _below(mass[:, -1]))
+    block = jnp.minimum(jnp.sum(mass <= u[:, None], axis=-1), nb - 1)
+    inside = jnp.cumsum(jnp.take_along_axis(w, block[:, None, None], axis=1)[:, 0], axis=-1)  # [B, BLOCK]
+    before = jnp.where(block > 0, jnp.take_along_axis(mass, jnp.maximum(block - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+    rest = jnp.clip(u - before, 0.0, _below(inside[:, -1]))
+    token = block * BLOCK + jnp.minimum(jnp.sum(inside <= rest[:, None], axis=-1), BLOCK - 1)
+    return token.astype(jnp.int32)
 
 
 def row_keys(seed: jax.Array, step: jax.Array, rows: jax.Array) -> jax.Array:
@@ -90,13 +137,11 @@ def pick_tokens(logits: jax.Array, keys: jax.Array, position: jax.Array, *, gree
     """
     logits = logits.astype(jnp.float32)
     if greedy:
-        tokens = jnp.argmax(logits, axis=-1)
+        tokens = first_argmax(logits)
         scaled = logits
     else:
         scaled = logits / temperature
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, position)
-        filtered = filter_logits(logits, temperature, top_k, top_p)
-        tokens = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, filtered)
-    tokens = tokens.astype(jnp.int32)
+        tokens = categorical(keys, filter_logits(logits, temperature, top_k, top_p))
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
     return tokens, picked - jax.nn.logsumexp(scaled, axis=-1)
