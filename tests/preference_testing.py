@@ -61,9 +61,9 @@ def one_device_mesh() -> Any:
     return create_mesh((1, 1, 1, 1, 1), devices=jax.devices()[:1])
 
 
-def tiny_llama(seed: int, max_position_embeddings: int = 64, mesh: Any = None) -> Any:
+def tiny_llama(seed: int, max_position_embeddings: int = 64, mesh: Any = None, layers: int = 2) -> Any:
     """A random float32 Llama (vocab 128), on ``mesh`` (default: one device)."""
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
                          eos_token_id=1, pad_token_id=0, bos_token_id=None)
     model, _ = create_sharded_model(LlamaForCausalLM, config, seed=seed, mesh=mesh or one_device_mesh())
@@ -100,6 +100,13 @@ def pair_row(chosen: tuple[list[int], list[int]], rejected: tuple[list[int], lis
 def stack_rows(rows: list[dict]) -> dict[str, np.ndarray]:
     """The collator of already-padded rows: one array per key."""
     return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+
+
+def fixed_rows(rows: list[dict]) -> Any:
+    """Already-padded rows as the preference data kinds serve them (a ``FixedRows`` table)."""
+    from scaletrain.data.table import FixedRows
+
+    return FixedRows(stack_rows(rows))
 
 
 def first_train_record(output_dir: str) -> dict:

@@ -14,13 +14,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import scaletrain as st
-from preference_testing import first_train_record, host, one_device_mesh, pair_row, stack_rows, tiny_llama
+from preference_testing import first_train_record, fixed_rows, host, one_device_mesh, pair_row, stack_rows, tiny_llama
 from scaletrain.errors import ConfigError
 from scaletrain.objectives import Objective
 from scaletrain.objectives.dpo import DPOObjective
 from scaletrain.objectives.kto import KTOObjective
 from scaletrain.objectives.logps import row_logps
-from scaletrain.objectives.orpo import CPOObjective, ORPOObjective
+from scaletrain.objectives.orpo import CPOObjective
 from scaletrain.peft.lora import LoRAParam, apply_lora
 from scaletrain.peft.lora_config import LoRAConfig
 from scaletrain.training.state import FrozenModel, create_train_state, state_shardings
@@ -62,9 +62,9 @@ def _run_steps(state, mesh, objective, batch, accumulation):
 
 
 @pytest.mark.parametrize("objective", [DPOObjective(loss_type=("sigmoid", "ipo"), loss_weights=(0.5, 2.0)),
-                                       ORPOObjective(beta=0.3), CPOObjective(loss_type="simpo", cpo_alpha=0.7),
+                                       CPOObjective(loss_type="simpo", cpo_alpha=0.7),
                                        KTOObjective(loss_type="apo_zero_unpaired", desirable_weight=2.0)],
-                         ids=["dpo-weighted", "orpo", "simpo", "kto-apo"])
+                         ids=["dpo-weighted", "simpo", "kto-apo"])
 def test_two_micro_batches_equal_one_batch(objective):
     """Sums over micro-batches divided once: the update and every figure equal the whole batch's."""
     assert isinstance(objective, Objective)
@@ -75,9 +75,9 @@ def test_two_micro_batches_equal_one_batch(objective):
                  "loss_mask": batch["chosen_loss_mask"], "label": np.arange(8, dtype=np.int32) % 2}
     results = []
     for accumulation in (1, 2):
-        state = create_train_state(tiny_llama(seed=0, mesh=mesh), optax.sgd(0.5), mesh)
+        state = create_train_state(tiny_llama(seed=0, mesh=mesh, layers=1), optax.sgd(0.5), mesh)
         if objective.frozen_models:
-            state = state.replace(frozen_models={"reference": _frozen(tiny_llama(seed=3, mesh=mesh))})
+            state = state.replace(frozen_models={"reference": _frozen(tiny_llama(seed=3, mesh=mesh, layers=1))})
         results.append(_run_steps(state, mesh, objective, batch, accumulation))
     (p1, m1, s1), (p2, m2, s2) = results
     assert m1["loss"] > 0 and float(s1[objective.normaliser]) == 7.0  # the empty row counts for nothing
@@ -90,7 +90,7 @@ def test_two_micro_batches_equal_one_batch(objective):
 def test_lora_adapters_off_reference_equals_a_frozen_copy_of_the_base():
     """The adapters-off reference is the base: gradients and figures equal those read from an explicit copy."""
     mesh = one_device_mesh()
-    base = tiny_llama(seed=0, mesh=mesh)
+    base = tiny_llama(seed=0, mesh=mesh, layers=1)
     copy = _frozen(base)
     model = apply_lora(base, LoRAConfig(rank=4, alpha=8.0))
     graphdef, lora, rest = nnx.split(model, LoRAParam, ...)  # adapters moved off zero: the policy is not the base
@@ -99,10 +99,11 @@ def test_lora_adapters_off_reference_equals_a_frozen_copy_of_the_base():
     state = create_train_state(model, optax.sgd(0.1), mesh)
     batch = jax.tree.map(jnp.asarray, stack_rows(_pairs()))
     with jax.set_mesh(mesh):
-        off = jax.grad(objective_fn(state, DPOObjective(reference_source="adapters_off")), has_aux=True)(
-            state.params, batch)
         with_copy = state.replace(frozen_models={"reference": copy})
-        explicit = jax.grad(objective_fn(with_copy, DPOObjective()), has_aux=True)(with_copy.params, batch)
+        off = jax.jit(lambda st_, b: jax.grad(objective_fn(st_, DPOObjective(reference_source="adapters_off")),
+                                              has_aux=True)(st_.params, b))(state, batch)
+        explicit = jax.jit(lambda st_, b: jax.grad(objective_fn(st_, DPOObjective()), has_aux=True)(st_.params, b))(
+            with_copy, batch)
     (g_off, s_off), (g_copy, s_copy) = host(off), host(explicit)
     assert abs(float(s_off["rewards_margins"])) > 1e-4  # the policy differs from its reference
     # the same function of the same numbers, compiled as two programs: equal to float32 rounding
@@ -114,7 +115,7 @@ def test_lora_adapters_off_reference_equals_a_frozen_copy_of_the_base():
 def test_lora_dpo_trainer_holds_no_second_copy(tmp_path):
     args = st.DPOConfig(output_dir=str(tmp_path), total_batch_size=8, max_length=L, max_training_steps=1,
                         lora=LoRAConfig(rank=4), progress_bar=False, report_to=())
-    trainer = st.DPOTrainer(model=tiny_llama(seed=0), args=args, train_dataset=_pairs(), data_collator=stack_rows)
+    trainer = st.DPOTrainer(model=tiny_llama(seed=0, layers=1), args=args, train_dataset=fixed_rows(_pairs()))
     assert trainer.objective.reference_source == "adapters_off"
     assert trainer.model_state.frozen_models == {}  # the base in state.frozen is the reference
     trainer.release_run_lock()
@@ -123,7 +124,7 @@ def test_lora_dpo_trainer_holds_no_second_copy(tmp_path):
 def test_kto_follows_its_formula():
     """KTO's loss and figures from the policy's and reference's row log-probabilities, computed here in numpy."""
     mesh = one_device_mesh()
-    policy, reference = tiny_llama(seed=0, mesh=mesh), tiny_llama(seed=4, mesh=mesh)
+    policy, reference = tiny_llama(seed=0, mesh=mesh, layers=1), tiny_llama(seed=4, mesh=mesh, layers=1)
     pairs = stack_rows(_pairs(seed=2))
     rows = {"input_ids": pairs["chosen_input_ids"], "segment_ids": pairs["chosen_segment_ids"],
             "loss_mask": pairs["chosen_loss_mask"], "label": np.array([1, 0, 0, 1, 1, 0, 1, 0], np.int32),
@@ -132,12 +133,12 @@ def test_kto_follows_its_formula():
     beta, wd, wu = 0.5, 1.5, 0.7
     objective = KTOObjective(beta=beta, desirable_weight=wd, undesirable_weight=wu)
     with jax.set_mesh(mesh):
-        loss, sums = objective.loss_and_sums(policy, rows, {"reference": reference})
+        sums = jax.jit(lambda p, r, b: objective.loss_and_sums(p, b, {"reference": r})[1])(policy, reference, rows)
         logp = {}
         for name, m in (("pi", policy), ("ref", reference)):
             for pre in ("", "kl_"):
                 cols = (jnp.asarray(rows[f"{pre}{k}"]) for k in ("input_ids", "segment_ids", "loss_mask"))
-                logp[f"{name}{pre}"] = np.asarray(row_logps(m, *cols))
+                logp[f"{name}{pre}"] = np.asarray(jax.jit(row_logps)(m, *cols))
     real = np.arange(8) < 7
     kl = max(np.mean((logp["pikl_"] - logp["refkl_"])[real]), 0.0)
     ratio = logp["pi"] - logp["ref"]
@@ -157,22 +158,27 @@ def _dpo_run(out, reference, precompute):
     args = st.DPOConfig(output_dir=str(out), total_batch_size=8, max_length=L, learning_rate=0.0,
                         max_training_steps=1, log_steps=1, progress_bar=False, report_to=(),
                         shuffle_train_dataset=False, precompute_ref_log_probs=precompute, save_at_end=False)
-    trainer = st.DPOTrainer(model=tiny_llama(seed=0), ref_model=reference, args=args, train_dataset=_pairs(),
-                            data_collator=stack_rows)
+    trainer = st.DPOTrainer(model=tiny_llama(seed=0, layers=1), ref_model=reference, args=args,
+                            train_dataset=fixed_rows(_pairs()), eval_dataset=fixed_rows(_pairs(6, seed=5)))
     trainer.train()
     return trainer, first_train_record(str(out))
 
 
 def test_precomputed_reference_log_probs_equal_the_live_reference_and_are_reused(tmp_path, caplog):
-    _, live = _dpo_run(tmp_path / "live", tiny_llama(seed=9), False)
-    trainer, pre = _dpo_run(tmp_path / "pre", tiny_llama(seed=9), True)
+    live_trainer, live = _dpo_run(tmp_path / "live", tiny_llama(seed=9, layers=1), False)
+    trainer, pre = _dpo_run(tmp_path / "pre", tiny_llama(seed=9, layers=1), True)
     assert trainer.objective.reference_source == "precomputed" and trainer.model_state.frozen_models == {}
     for key in ("loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
         np.testing.assert_allclose(pre[key], live[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    # evaluation reports TRL's figures with TRL's eval_ prefix; its six rows fill a batch of 8 with two empty rows
+    evals = [trainer.last_eval[1], live_trainer.last_eval[1]]
+    assert {"eval_loss", "eval_rewards/accuracies", "eval_logps/chosen", "eval_logits/rejected"} <= set(evals[0])
+    for key in evals[1]:
+        np.testing.assert_allclose(evals[0][key], evals[1][key], rtol=1e-5, atol=1e-7, err_msg=key)
     stored = tmp_path / "pre" / "reference_logps" / "train.npz"
     stamp = stored.stat().st_mtime_ns
     with caplog.at_level("INFO", logger="scaletrain"):
-        _dpo_run(tmp_path / "pre", tiny_llama(seed=9), True)
+        _dpo_run(tmp_path / "pre", tiny_llama(seed=9, layers=1), True)
     assert stored.stat().st_mtime_ns == stamp and "reusing the reference's log-probabilities" in caplog.text
 
 
@@ -199,8 +205,8 @@ def test_python_configs_take_trl_names_and_refuse_bad_ones():
     with pytest.raises(ConfigError, match="beta"):
         st.DPOConfig(beta=-1.0)
     with pytest.raises(ConfigError, match="loss_type"):
-        st.DPOTrainer(model=tiny_llama(seed=0), args=st.DPOConfig(loss_type="aot"), train_dataset=_pairs())
+        st.DPOTrainer(model=tiny_llama(seed=0, layers=1), args=st.DPOConfig(loss_type="aot"), train_dataset=_pairs())
     with pytest.raises(ConfigError, match="ref_model"):
-        st.ORPOTrainer(model=tiny_llama(seed=0), ref_model=tiny_llama(seed=1), args=st.ORPOConfig(),
+        st.ORPOTrainer(model=tiny_llama(seed=0, layers=1), ref_model=tiny_llama(seed=1, layers=1), args=st.ORPOConfig(),
                        train_dataset=_pairs())
     assert json.loads(json.dumps(st.CPOConfig(loss_type="simpo").model_dump()))["loss_type"] == "simpo"

@@ -23,9 +23,9 @@ from preference_testing import (
     RAGGED_PAIRS,
     export,
     first_train_record,
+    fixed_rows,
     one_device_mesh,
     pair_row,
-    stack_rows,
     tiny_llama,
     torch_model,
     word_tokenizer,
@@ -91,7 +91,7 @@ def _ours(policy, tmp_path, rows, length, objective, reference=None):
                                 learning_rate=0.0, max_training_steps=1, log_steps=1, save_at_end=False,
                                 progress_bar=False, shuffle_train_dataset=False)
     trainer = PreferenceTrainer(args, model=st.AutoModelForCausalLM.from_pretrained(policy, mesh=one_device_mesh()),
-                                dataset_train=rows, data_collator=stack_rows, objective=objective,
+                                dataset_train=fixed_rows(rows), objective=objective,
                                 reference=reference)
     trainer.train()
     return first_train_record(args.output_dir)

@@ -138,6 +138,8 @@ class DPOObjective:
 
     name: ClassVar[str] = "dpo"
     normaliser: ClassVar[str] = "pairs"
+    #: sequences forwarded per row (chosen and rejected): what tokens/s counts
+    sequences_per_row: ClassVar[int] = 2
     #: figures the train log records besides ``loss`` (TRL's names without a ``/``)
     logged_metrics: ClassVar[tuple[str, ...]] = ("entropy", "mean_token_accuracy")
 

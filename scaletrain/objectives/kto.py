@@ -74,6 +74,11 @@ class KTOObjective:
         return self.loss_type == "kto"
 
     @property
+    def sequences_per_row(self) -> int:
+        """Sequences forwarded per row (the row and, for ``kto``, its KL row): what tokens/s counts."""
+        return 2 if self.uses_kl else 1
+
+    @property
     def batch_keys(self) -> tuple[str, ...]:
         keys = ROW_KEYS + ("label",) + (tuple(f"kl_{k}" for k in ROW_KEYS) if self.uses_kl else ())
         if self.reference_source == "precomputed":

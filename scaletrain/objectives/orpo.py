@@ -52,6 +52,8 @@ class _WithNll:
     """Shared by ORPO and CPO: the NLL over the chosen rows, normalised by the whole batch's tokens."""
 
     normaliser: ClassVar[str] = "pairs"
+    #: sequences forwarded per row (chosen and rejected): what tokens/s counts
+    sequences_per_row: ClassVar[int] = 2
     nll_over_prompt: ClassVar[bool]
     logit_key: ClassVar[str]  # which positions logits/* average over
     count_key: ClassVar[str]

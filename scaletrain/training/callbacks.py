@@ -25,6 +25,9 @@ logger = logging.getLogger("scaletrain")
 EVENTS = ("init", "train", "epoch", "step", "evaluate", "checkpoint")
 
 
+#: a preference objective's figures shown in the progress line beside the loss, when the step logs them
+PROGRESS_FIGURES = ("rewards/accuracies", "rewards/margins")
+
 class Callback:
     """Base class: override any ``pre_<event>`` / ``post_<event>`` method.
 
@@ -96,7 +99,9 @@ class MetricsLogger(Callback):
         values = metrics.host()  # waits for this step: the only sync in the loop
         now = time.perf_counter()
         steps = step - self._last_step
-        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length
+        # a preference row holds two sequences (chosen and rejected, or KTO's row and its KL row): both are forwarded
+        per_row = getattr(getattr(trainer, "objective", None), "sequences_per_row", 1)
+        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length * per_row
         perf = trainer.throughput(tokens, now - (self._last_time or now))
         first_interval = self._last_step == trainer.start_step
         self._last_time, self._last_step = now, step
@@ -121,9 +126,10 @@ class MetricsLogger(Callback):
         self.last_train = record
         trainer.write_metrics(record)
         if not trainer.arguments.progress_bar and trainer.is_main_process:
-            logger.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f mfu %.3f", step,
+            logger.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f mfu %.3f%s", step,
                         trainer.max_training_steps, record["loss"], record["learning_rate"], record["grad_norm"],
-                        record["tokens_per_s"], record["mfu"])
+                        record["tokens_per_s"], record["mfu"],
+                        "".join(f" {k} {record[k]:.3f}" for k in PROGRESS_FIGURES if k in record))
 
     def post_evaluate(self, trainer: TrainerView, step: int, results: dict[str, float]) -> None:
         self.last_eval = {"step": step, "split": "eval", **results}
@@ -195,6 +201,7 @@ class ProgressBar(Callback):
             self.bar.set_postfix(
                 loss=f"{logged['loss']:.3f}", lr=f"{logged['learning_rate']:.2e}",
                 tok_s=f"{logged['tokens_per_s']:.0f}", refresh=False,
+                **{k.split("/")[-1]: f"{logged[k]:.3f}" for k in PROGRESS_FIGURES if k in logged},
             )
 
     def post_train(self, trainer: TrainerView, state: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from scaletrain.data.table import FixedRows
 from scaletrain.errors import DataError
 
 logger = logging.getLogger("scaletrain")
@@ -39,6 +40,14 @@ class WithColumns:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {**self.source[index], **{k: v[index] for k, v in self.columns.items()}}
+
+
+def with_columns(rows: Any, values: Mapping[str, np.ndarray]) -> Any:
+    """``rows`` serving ``values`` as extra columns: a wider table for the preference kinds' fixed rows (padding
+    rows hold 0 there), a wrapping source for any other dataset."""
+    if isinstance(rows, FixedRows):
+        return FixedRows({**rows.columns, **values}, rows.pad_values, rows.stats)
+    return WithColumns(rows, values)
 
 
 def stored_path(output_dir: str, split: str) -> str:

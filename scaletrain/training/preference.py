@@ -37,6 +37,7 @@ from scaletrain.training.reference import (
     reference_record,
 )
 from scaletrain.training.state import FrozenModel, TrainState
+from scaletrain.training.steps import rank_sharding
 from scaletrain.training.trainer import Trainer
 
 logger = logging.getLogger("scaletrain")
@@ -109,7 +110,8 @@ class PreferenceTrainer(Trainer):
         scorer = jax.jit(score)
 
         def place(batch: dict) -> dict:
-            return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
+            return {k: jax.make_array_from_process_local_data(rank_sharding(sharding, np.ndim(v)), np.asarray(v))
+                    for k, v in batch.items()}
 
         def run(source_rows: Any) -> dict[str, np.ndarray]:
             if jax.process_count() > 1 and len(source_rows) % args.total_batch_size:
@@ -133,7 +135,7 @@ class PreferenceTrainer(Trainer):
                 precompute.store(path, values, len(rows), digest)
             else:
                 logger.info("reusing the reference's log-probabilities in %s", path)
-            wrapped = precompute.WithColumns(rows, values)
+            wrapped = precompute.with_columns(rows, values)
             if split == "train":
                 self._train_source = wrapped
                 self.dataloader_train = self.make_iterator(wrapped, shuffle=args.shuffle_train_dataset,
