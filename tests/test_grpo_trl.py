@@ -39,6 +39,7 @@ COMPLETIONS = [
 # the reward column: group 2 has zero spread (frac_reward_zero_std), row 5 is unscored (None)
 SCORES = [1.0, 0.0, 0.5, 2.0, 1.0, None, 3.0, 0.0, 0.7, 0.7, 0.7, 0.7, -1.0, 2.0, 0.5, 0.25]
 MAX_LEN = 6
+TEMPERATURE = 0.7  # TRL scores log-probabilities and entropies at the sampling temperature
 
 
 def column_reward(prompts, completions, score, **kwargs):
@@ -53,7 +54,8 @@ def trl_trainer(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo_trl")
     tok = word_tokenizer(str(root / "tok"))
     folder = str(root / "policy")
-    export(tiny_llama(seed=0), folder)
+    policy = tiny_llama(seed=0)
+    export(policy, folder)
     tok.save_pretrained(folder)
     dataset = Dataset.from_list([{"prompt": p, "score": 0.0} for p in PROMPTS])
 
@@ -64,11 +66,13 @@ def trl_trainer(tmp_path_factory):
 
     args = GRPOConfig(output_dir=str(root / "out"), per_device_train_batch_size=16, num_generations=G,
                       max_completion_length=MAX_LEN, beta=0.04, epsilon=0.2, epsilon_high=0.28, report_to="none",
+                      temperature=TEMPERATURE,
                       use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=0)
     trainer = GRPOTrainer(model=folder, reward_funcs=[column_reward], args=args, train_dataset=dataset,
                           processing_class=tok, rollout_func=rollout_func)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
+    trainer.jax_policy = policy
     return trainer
 
 
@@ -212,3 +216,29 @@ def test_importance_sampling_correction_matches_trl(trl_trainer, mode):
     loss, sums = objective.sums_from_logps(jnp.asarray(logps.numpy()), jnp.asarray(entropy.numpy()), batch,
                                            jnp.asarray(mask.numpy(), jnp.float32))
     _close(float(loss / jnp.maximum(sums[objective.normaliser], 1.0)), trl_loss, "loss")
+
+
+def test_token_logps_and_entropy_match_trl_at_the_temperature(trl_trainer):
+    """Our per-token forward (``completion_token_stats``, what the GRPO objective differentiates) on the same
+    weights and rows as TRL's ``_get_per_token_logps_and_entropies``: left-padded prompts, right-padded
+    completions, logits divided by the temperature. Float32 both sides; log-probs near -5: 1e-5 absolute."""
+    import jax.numpy as jnp
+    import torch
+
+    from scaletrain.generation import rollout_rows
+    from scaletrain.objectives.token_logps import completion_token_stats
+
+    t = trl_trainer
+    out = t._generate_and_score_completions(_inputs())
+    mask = out["completion_mask"]
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    attention = torch.cat([out["prompt_mask"], mask], dim=1)
+    with torch.no_grad():
+        logps, entropy, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, mask.shape[1],
+                                                                 compute_entropy=True)
+    rows = rollout_rows(*(jnp.asarray(out[k].numpy()) for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                               "completion_mask")))
+    ours, our_entropy = completion_token_stats(t.jax_policy, *rows, mask.shape[1], TEMPERATURE)
+    keep = mask.numpy() != 0
+    np.testing.assert_allclose(np.asarray(ours)[keep], logps.numpy()[keep], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(our_entropy)[keep], entropy.numpy()[keep], atol=1e-5)
