@@ -160,6 +160,9 @@ def _build_prompt(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *
     from scaletrain.data.splits import LMSplits
     from scaletrain.data.table import FixedRows
 
+    if data.eval_source:
+        raise DataError("data.eval_source: the prompt kind has no evaluation split (GRPO logs its reward figures "
+                        "every step); drop eval_source")
     _set_chat_template(data, tokenizer)
     prompts = load_prompts(data.source, tokenizer, prompt_column=data.prompt_column,
                            max_prompt_length=data.max_prompt_length, max_rows=data.max_documents)
