@@ -79,6 +79,9 @@ class TrainingArguments(ConfigModel):
     wandb_name: str | None = None
     log_grad_norms: bool = False
     log_weight_stats: bool = False
+    # a hash of each step's global batch (its token ids), logged as ``data/fingerprint``: the same value
+    # for the same tokens whatever the process count, so runs resumed on N -> M processes can be compared
+    log_data_fingerprint: bool = False
     generate_steps: int | None = None
     generate_prompts: tuple[str, ...] = ("\n",)
     generate_max_new_tokens: int = 32
@@ -100,6 +103,9 @@ class TrainingArguments(ConfigModel):
     shuffle_train_dataset: bool = True
     truncation_mode: Literal["keep_end", "keep_start"] = "keep_end"
     step_partition_spec: tuple[AxisSpec, ...] = (("dp", "fsdp"), "sp")
+    # EasyDeL's jax.distributed.initialize keywords; the recipe's ``launch`` section means the same
+    # (``scaletrain train`` reads both, see scaletrain.launch.jax)
+    jax_distributed_config: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -1,4 +1,4 @@
-"""``scaletrain`` command line: ``train``, ``sweep``, ``generate``, ``export`` and ``plot``.
+"""``scaletrain`` command line: ``train``, ``launch``, ``sweep``, ``generate``, ``eval``, ``export`` and ``plot``.
 
 User errors (:class:`ScaletrainError`) print one message and exit with status 2; Ctrl-C
 outside training (which stops at a checkpoint instead) prints one line and exits with 130;
@@ -23,6 +23,15 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train as a YAML recipe says")
     t.add_argument("recipe", help="path to the recipe YAML")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
+    t.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (jax.distributed; docs/launch.md)")
+    t.add_argument("--num-processes", type=int, default=None, help="processes in the job (jax.distributed)")
+    t.add_argument("--process-id", type=int, default=None, help="this process's id, 0..N-1 (jax.distributed)")
+    la = sub.add_parser("launch", help="run a recipe as N processes of one jax.distributed job on this host")
+    la.add_argument("recipe", help="path to the recipe YAML")
+    la.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
+    la.add_argument("--nproc", type=int, required=True, help="processes to start (one per accelerator)")
+    la.add_argument("--kill-after", type=float, default=30.0,
+                    help="seconds the other processes get after one fails, before they are killed (default 30)")
     sw = sub.add_parser("sweep", help="a scaling ladder: one training per scaling index, in parallel on Ray")
     sw.add_argument("recipe", help="path to the recipe YAML")
     sw.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_training_steps=50")
@@ -42,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn (chat template)")
+    _eval_parser(sub)
     e = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face folder")
     e.add_argument("run_dir", help="run folder, its checkpoints folder, or one step folder")
     e.add_argument("--checkpoint", type=int, default=None, help="step (default: the newest)")
@@ -55,17 +65,54 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    """``eval``: lm-eval's own flag names are accepted as they spell them (``--include_path``) and dashed."""
+    ev = sub.add_parser("eval", help="evaluate a run, checkpoint or HF folder: loss on data, lm-eval tasks")
+    ev.add_argument("target", help="a run folder (its newest checkpoint), a checkpoint folder or an HF folder")
+    ev.add_argument("--checkpoint", type=int, default=None, help="run folders: the step (default: the newest)")
+    ev.add_argument("--adapter", default=None, help="a PEFT adapter folder to apply to an HF TARGET")
+    ev.add_argument("--mesh", default=None, help="mesh axis sizes dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
+    ev.add_argument("--data", default=None, help="a data source to score (default for a run: its own eval data)")
+    ev.add_argument("--kind", default="pretrain", help="the data kind (pretrain, chat, ...)")
+    ev.add_argument("--split", default="train", help="the split of a Hugging Face dataset folder")
+    for key in ("text_column", "messages_column", "format", "chat_template"):
+        ev.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None)
+    ev.add_argument("--max-length", type=int, default=None, help="row length (default: the run's, else 2048 at most)")
+    ev.add_argument("--max-batches", type=int, default=None, help="score at most this many batches")
+    ev.add_argument("--output", default=None, help="write the figures as JSON here")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--tasks", default=None, help="lm-eval tasks, comma-separated (names or YAML files)")
+    ev.add_argument("--include-path", "--include_path", dest="include_path", default=None,
+                    help="a folder of your own lm-eval task YAMLs")
+    ev.add_argument("--output-path", "--output_path", dest="output_path", default=None,
+                    help="where lm-eval writes its results_*.json (and samples_*.jsonl)")
+    ev.add_argument("--log-samples", "--log_samples", dest="log_samples", action="store_true")
+    ev.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1)")
+    ev.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None)
+    ev.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
+                    help="rows per batch (default: the run's; 8 for lm-eval requests and HF folders)")
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     from scaletrain.launch.backends import run_recipe
     from scaletrain.recipe import Recipe
 
-    recipe = Recipe.load(ns.recipe, ns.overrides)
+    # the address quoted: YAML would read some HOST:PORT spellings as numbers
+    flags = {"coordinator_address": ns.coordinator and f"'{ns.coordinator}'", "num_processes": ns.num_processes,
+             "process_id": ns.process_id}
+    recipe = Recipe.load(ns.recipe, [*ns.overrides, *(f"launch.{k}={v}" for k, v in flags.items() if v is not None)])
     summary = run_recipe(recipe)
     keys = ("final_step", "final_train_loss", "final_eval_loss", "final_eval_bits_per_byte", "tokens_per_s", "mfu")
     print("\n".join(f"{k:26s} {summary.get(k)}" for k in keys))
     if "sample" in summary:
         print("\n--- sample ---\n" + summary["sample"] + "\n--------------")
     return 0
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    from scaletrain.launch.jax.supervisor import launch_processes
+
+    return launch_processes(ns.recipe, ns.overrides, ns.nproc, kill_after=ns.kill_after)
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
@@ -115,6 +162,29 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(ns: argparse.Namespace) -> int:
+    from scaletrain.eval.command import format_table, parse_mesh, run_eval, write_json
+
+    if ns.limit is not None and ns.limit >= 1:
+        ns.limit = int(ns.limit)
+    report = run_eval(
+        ns.target, data=ns.data, kind=ns.kind, split=ns.split,
+        data_keys={k: getattr(ns, k) for k in ("text_column", "messages_column", "format", "chat_template")},
+        tasks=ns.tasks, include_path=ns.include_path, output_path=ns.output_path, log_samples=ns.log_samples,
+        limit=ns.limit, num_fewshot=ns.num_fewshot, batch_size=ns.batch_size, max_length=ns.max_length,
+        max_batches=ns.max_batches, checkpoint=ns.checkpoint, adapter=ns.adapter, mesh=parse_mesh(ns.mesh),
+        progress=not ns.no_progress,
+    )
+    if "lm_eval_results" in report:
+        from lm_eval.utils import make_table
+
+        print(make_table(report["lm_eval_results"]))
+    print(format_table(report))
+    if ns.output:
+        print(f"wrote {write_json(report, ns.output)}")
+    return 0
+
+
 def cmd_export(ns: argparse.Namespace) -> int:
     from scaletrain.export import export_checkpoint
 
@@ -151,7 +221,8 @@ def _main(argv: list[str] | None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging()
-    commands = {"train": cmd_train, "sweep": cmd_sweep, "generate": cmd_generate, "export": cmd_export, "plot": cmd_plot}
+    commands = {"train": cmd_train, "launch": cmd_launch, "sweep": cmd_sweep, "generate": cmd_generate,
+                "eval": cmd_eval, "export": cmd_export, "plot": cmd_plot}
     try:
         return commands[ns.command](ns)
     except (ScaletrainError, OSError) as err:

@@ -1,4 +1,5 @@
-"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``objective``, ``mesh``, ``sample``, ``ray``, ``sweep``.
+"""The YAML recipe: ``model``, ``data``, ``tokenizer``, ``training``, ``objective``, ``mesh``, ``sample``, ``ray``,
+``launch``, ``sweep``, ``eval_harness``.
 
 A recipe is validated as a whole; every problem is reported as
 ``<file>: <section>.<key>: <what is wrong>``. Command-line overrides are dotted
@@ -18,6 +19,7 @@ from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.config_keys import problem_lines
 from scaletrain.data.config import DataSection
 from scaletrain.errors import ConfigError
+from scaletrain.eval.config import EvalHarnessSection
 from scaletrain.peft.lora_config import LoRAConfig
 from scaletrain.parallel.mesh import AXIS_NAMES
 from scaletrain.parallel.partition import PartitionAxis
@@ -139,6 +141,27 @@ class RaySection(BaseModel):
     num_cpus: int | None = Field(None, ge=1)
 
 
+class LaunchSection(BaseModel):
+    """How the processes of a run find each other without Ray (``backend: jax``; docs/launch.md).
+
+    Unset keys come from the command line (``--coordinator``, ``--num-processes``,
+    ``--process-id``), then ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
+    ``JAX_PROCESS_ID``, then JAX's own cluster detection (Slurm, Cloud TPU, Open MPI).
+    ``backend: auto`` picks ``jax`` when any of them says there are several processes.
+    The timeouts bound every wait: joining (``initialization_timeout``) and noticing a
+    lost process (``heartbeat_timeout``), both in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field("auto", pattern="^(auto|local|jax)$")
+    coordinator_address: str | None = Field(None, pattern=r"^\S+:\d+$")
+    num_processes: int | None = Field(None, ge=1)
+    process_id: int | None = Field(None, ge=0)
+    initialization_timeout: int = Field(300, ge=1)
+    heartbeat_timeout: int = Field(60, ge=2)
+
+
 class SweepSection(BaseModel):
     """A scaling ladder (``scaletrain sweep``): one training per scaling index.
 
@@ -171,7 +194,10 @@ class Recipe(BaseModel):
     mesh: MeshSection = MeshSection()
     sample: SampleSection = SampleSection()
     ray: RaySection = RaySection()
+    launch: LaunchSection = LaunchSection()
     sweep: SweepSection = SweepSection()
+    # lm-eval tasks and extra eval data sets scored during training (scaletrain.eval.callback)
+    eval_harness: EvalHarnessSection = EvalHarnessSection()
 
     @model_validator(mode="after")
     def _lora_into_training(self) -> Recipe:
@@ -242,6 +268,8 @@ class Recipe(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json")
         out["model"] = {"type": self.model.type, "pretrained": self.model.pretrained, **self.model.config_overrides}
+        if self.eval_harness == EvalHarnessSection():  # unset: a recipe written before the section reads the same
+            out.pop("eval_harness")
         return out
 
 

@@ -221,7 +221,7 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
         dataset_eval=splits.eval if has_eval else None,
         eval_bytes_per_token=splits.eval_bytes_per_token if has_eval and splits.eval_bytes_per_token > 0 else None,
         tokenizer=tokenizer,
-        callbacks=[_run_files_writer(recipe, out, splits.stats), *callbacks],
+        callbacks=[_run_files_writer(recipe, out, splits.stats), *_eval_callbacks(recipe), *callbacks],
     )
     trainer.recipe = recipe.to_dict()
     output = trainer.train()
@@ -236,6 +236,15 @@ def _run_locked(recipe: Recipe, callbacks: Sequence[Any]) -> dict[str, Any]:
             f.write(text)
         write_summary(out, summary)  # the trainer's file, now with the sample (same atomic writer)
     return summary
+
+
+def _eval_callbacks(recipe: Recipe) -> list[Any]:
+    """The in-loop evaluation of ``eval_harness``, when it names tasks or data sets."""
+    if not recipe.eval_harness.enabled:
+        return []
+    from scaletrain.eval.callback import HarnessEvaluation
+
+    return [HarnessEvaluation(recipe.eval_harness)]
 
 
 def objective_trainer(recipe: Recipe) -> tuple[Any, dict[str, Any]]:

@@ -116,3 +116,16 @@ def test_aot_compiles_both_batch_kinds_for_this_cpu(tmp_path):
         assert r["num_params"] > 0 and r["conditionals"] >= 1 and r["cudnn_attention"] == {}
         assert r["host_peak_rss_gb"] >= r["host_rss_before_compile_gb"] > 0  # the compiling process's VmHWM
     assert result["config"]["num_hidden_layers"] == 1  # --layers overrides the model's depth
+
+
+def test_eval_bench_runs_both_models_side_by_side_tiny(tmp_path):
+    """bench/eval.py --tiny: lm-eval's loglikelihood requests through ScaletrainLM and lm-eval's hf model."""
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "eval.py"), "--tiny", "--requests", "12", "--batch-size", "4",
+           "--repeats", "1", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["max_rel_diff"] < 1e-4 and result["same_greedy"]
+    assert result["scaletrain"]["requests_per_s"] > 0 and result["hf"]["requests_per_s"] > 0
+    assert "| scaletrain |" in done.stdout

@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
-from data_helpers import smollm2_path
+from data_helpers import PLAIN_TEMPLATE, smollm2_path
 
-from scaletrain.data import build_datasets, load_processor, make_batch_iterator
+from scaletrain.data import build_datasets, bundled_tokenizer_path, load_processor, make_batch_iterator
 from scaletrain.data.config import DataSection
 from scaletrain.data.preference import PAIR_KEYS, UNPAIRED_KEYS, Encoded, PreferenceEncoder, unpaired_rows
 from scaletrain.errors import ConfigError, DataError
@@ -44,6 +44,14 @@ KTO_ROWS = [
 @pytest.fixture(scope="module")
 def smol():
     return load_processor(smollm2_path())
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    """The bundled GPT-2-style tokenizer (no special tokens of its own) with a plain chat template set."""
+    tokenizer = load_processor(bundled_tokenizer_path())
+    tokenizer.chat_template = PLAIN_TEMPLATE
+    return tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -116,25 +124,71 @@ def _our_pairs(rows):
     return list(zip(chosen, rejected))
 
 
-@pytest.mark.parametrize("rows,max_length,mode", [
-    (TEXT_PAIRS, 64, "keep_start"),
-    (CHAT_PAIRS, 128, "keep_start"),
-    ([{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in TEXT_PAIRS], 64,
-     "keep_start"),  # implicit prompt, text: the shared start of chosen and rejected
-    ([{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in CHAT_PAIRS], 128,
-     "keep_start"),  # implicit prompt, conversations: the shared messages
-    (TEXT_PAIRS, 16, "keep_start"),  # the long rows are cut to their start
-    (TEXT_PAIRS, 12, "keep_end"),  # ... or to their end
-    (CHAT_PAIRS, 48, "keep_end"),
-], ids=["text", "chat", "implicit-text", "implicit-chat", "text-keep-start", "text-keep-end", "chat-keep-end"])
-def test_pairs_match_trl_dpo_preparation(smol, policies, tmp_path, rows, max_length, mode):
-    theirs = _trl_dpo(policies, smol, rows, tmp_path, max_length, mode)
-    ours = _ours(smol, _write_jsonl(tmp_path / "pairs.jsonl", rows), max_length, mode)
+IMPLICIT_TEXT = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in TEXT_PAIRS]
+IMPLICIT_CHAT = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in CHAT_PAIRS]
+BUNDLED_TEXT = [{**r, "chosen": r["chosen"].replace("<|im_end|>", "<|endoftext|>")} for r in TEXT_PAIRS]
+
+
+@pytest.mark.parametrize("tokenizer,rows,max_length,mode", [
+    ("smol", TEXT_PAIRS, 64, "keep_start"),
+    ("smol", CHAT_PAIRS, 128, "keep_start"),
+    ("smol", IMPLICIT_TEXT, 64, "keep_start"),  # the prompt is the shared start of chosen and rejected
+    ("smol", IMPLICIT_CHAT, 128, "keep_start"),  # ... their shared messages
+    ("smol", TEXT_PAIRS, 16, "keep_start"),  # the long rows are cut to their start
+    ("smol", TEXT_PAIRS, 12, "keep_end"),  # ... or to their end
+    ("smol", CHAT_PAIRS, 48, "keep_end"),
+    # a second tokenizer: byte-level BPE, eos <|endoftext|>, a chat template without role tokens
+    ("bundled", BUNDLED_TEXT, 64, "keep_start"),
+    ("bundled", CHAT_PAIRS, 128, "keep_start"),
+], ids=["text", "chat", "implicit-text", "implicit-chat", "text-keep-start", "text-keep-end", "chat-keep-end",
+        "bundled-text", "bundled-chat"])
+def test_pairs_match_trl_dpo_preparation(request, policies, tmp_path, tokenizer, rows, max_length, mode):
+    tokenizer = request.getfixturevalue(tokenizer)
+    theirs = _trl_dpo(policies, tokenizer, rows, tmp_path, max_length, mode)
+    ours = _ours(tokenizer, _write_jsonl(tmp_path / "pairs.jsonl", rows), max_length, mode)
     assert _our_pairs(ours.train) == theirs
     assert ours.stats["pairs"] == len(theirs) == len(rows)
     assert all(v.shape == (len(rows), max_length) for v in ours.train.columns.values())
     assert set(ours.train.keys()) == set(PAIR_KEYS)
     assert (ours.stats["train_truncated"] > 0) == (max_length < 64)
+
+
+def _trl_orpo(policies, tokenizer, rows, tmp_path, max_length, trainer="orpo"):
+    """TRL 1.16's ORPOTrainer (or CPOTrainer) prepared rows: ``[(chosen, rejected), ...]``, each
+    ``(ids, completion mask)`` with the completion mask read from its labels."""
+    from datasets import Dataset
+
+    if trainer == "orpo":
+        from trl.experimental.orpo import ORPOConfig as Config, ORPOTrainer as Trainer
+    else:
+        from trl.experimental.cpo import CPOConfig as Config, CPOTrainer as Trainer
+    args = Config(output_dir=str(tmp_path / "trl"), max_length=max_length, report_to=[], use_cpu=True,
+                  per_device_train_batch_size=len(rows))
+    ds = Trainer(model=policies[0], args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows)
+                 ).train_dataset
+    return [tuple((ex[f"{side}_input_ids"], [int(x != -100) for x in ex[f"{side}_labels"]])
+                  for side in ("chosen", "rejected")) for ex in ds]
+
+
+@pytest.mark.parametrize("rows,max_length,trainer", [
+    (TEXT_PAIRS, 64, "orpo"), (CHAT_PAIRS, 128, "orpo"), (IMPLICIT_TEXT, 64, "orpo"), (IMPLICIT_CHAT, 128, "orpo"),
+    (TEXT_PAIRS, 16, "orpo"), (TEXT_PAIRS, 64, "cpo"),
+], ids=["text", "chat", "implicit-text", "implicit-chat", "text-cut", "cpo-text"])
+def test_trl_orpo_preparation_matches_orpo_and_cpo_trainers(smol, policies, tmp_path, rows, max_length, trainer):
+    """``data.preparation: trl_orpo``: TRL 1.16's ORPO/CPO trainers' older tokenization (bos before the prompt,
+    the completion's end cut), which gives other ids than DPOTrainer's for SmolLM2 (its bos is <|im_start|>)."""
+    theirs = _trl_orpo(policies, smol, rows, tmp_path, max_length, trainer)
+    source = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    ours = _ours(smol, source, max_length, preparation="trl_orpo").train
+    assert _our_pairs(ours) == theirs
+    assert _our_pairs(ours) != _our_pairs(_ours(smol, source, max_length).train)
+    assert set(ours.keys()) == set(PAIR_KEYS)
+
+
+def test_trl_orpo_preparation_is_refused_for_kto_rows(smol, tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.preparation: trl_orpo is for kind: preference"):
+        _ours(smol, _write_jsonl(tmp_path / "kto.jsonl", KTO_ROWS), 64, kind="unpaired_preference",
+              preparation="trl_orpo")
 
 
 def test_prompt_filling_max_length_is_a_bad_row_trl_drops(smol, policies, tmp_path):
@@ -271,6 +325,16 @@ def test_loader_serves_the_pair_keys_resumes_and_pads(smol, tmp_path):
     last = evals[-1]  # 10 rows in batches of 4: two padding rows, no tokens, no targets
     assert len(evals) == 3 and not last["chosen_segment_ids"][2:].any() and not last["rejected_loss_mask"][2:].any()
     assert (last["chosen_input_ids"][2:] == smol.pad_token_id).all()
+    whole = next(make_batch_iterator(train, 4, seed=3, process_index=0, process_count=1))
+    halves = [next(make_batch_iterator(train, 4, seed=3, process_index=p, process_count=2)) for p in (0, 1)]
+    assert all(np.array_equal(np.concatenate([h[k] for h in halves]), whole[k]) for k in PAIR_KEYS)
+
+
+def test_worker_processes_give_the_same_rows(smol, tmp_path):
+    source = _write_jsonl(tmp_path / "pairs.jsonl", TEXT_PAIRS + CHAT_PAIRS)  # text and conversations mixed
+    one = _ours(smol, source, 64).train.columns
+    two = _ours(smol, source, 64, num_workers=1).train.columns
+    assert all(np.array_equal(one[k], two[k]) for k in PAIR_KEYS)
 
 
 def test_trainer_shards_every_key_over_the_batch_axes(tmp_path, tiny_config_kwargs):
@@ -287,17 +351,29 @@ def test_trainer_shards_every_key_over_the_batch_axes(tmp_path, tiny_config_kwar
     encoded = [Encoded(rng.integers(1, 100, rng.integers(1, 6)).tolist(), (rng.integers(1, 100, 5).tolist(),),
                        bool(i % 2), "<rows>", i + 1) for i in range(16)]
     rows = unpaired_rows(encoded, PreferenceEncoder(None, 16), pad_id=0)
+    rows = rows.with_columns({"ref_logps": rng.normal(size=16).astype(np.float32)})  # a precomputed [B] value
     cfg = LlamaConfig(**tiny_config_kwargs, sharding_axis_dims=(2, 2, 1, 1, 2))
     model, _ = create_sharded_model(LlamaForCausalLM, cfg, seed=0)
     args = st.TrainingArguments(output_dir=str(tmp_path), total_batch_size=8, max_length=16, max_training_steps=1,
                                 gradient_accumulation_steps=2, progress_bar=False, num_train_epochs=None)
     trainer = st.Trainer(args, model=model, dataset_train=rows)
     batch = trainer.shard_batch(next(trainer.dataloader_train))
-    assert set(batch) == set(UNPAIRED_KEYS)
+    assert set(batch) == {*UNPAIRED_KEYS, "ref_logps"}
     for key, value in batch.items():
-        want = PartitionSpec(("dp", "fsdp")) if key == "label" else PartitionSpec(("dp", "fsdp"), "sp")
-        assert value.shape == ((8,) if key == "label" else (8, 16)), key
+        per_row = key in ("label", "ref_logps")
+        want = PartitionSpec(("dp", "fsdp")) if per_row else PartitionSpec(("dp", "fsdp"), "sp")
+        assert value.shape == ((8,) if per_row else (8, 16)), key
         assert value.sharding.spec == want, key
         assert len(value.sharding.device_set) == jax.device_count()
-    out = trainer.train()
-    assert int(out.state.step) == 1
+    state, metrics = trainer.sharded_training_step_function(trainer.current_state, batch)
+    assert int(state.step) == 1 and np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.parametrize("preparation", ["trl_dpo", "trl_orpo"])
+def test_conversations_need_a_chat_template_which_data_chat_template_gives(tmp_path, preparation):
+    tokenizer = load_processor(bundled_tokenizer_path())  # no chat template of its own
+    source = _write_jsonl(tmp_path / "chat.jsonl", CHAT_PAIRS)
+    with pytest.raises(DataError, match=r"conversational preference rows need a chat template.*data\.chat_template"):
+        _ours(tokenizer, source, 128, preparation=preparation)
+    rows = _ours(tokenizer, source, 128, preparation=preparation, chat_template=PLAIN_TEMPLATE)
+    assert rows.stats["pairs"] == 3 and tokenizer.chat_template == PLAIN_TEMPLATE

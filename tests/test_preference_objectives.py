@@ -62,17 +62,14 @@ def _run_steps(state, mesh, objective, batch, accumulation):
 
 
 @pytest.mark.parametrize("objective", [DPOObjective(loss_type=("sigmoid", "ipo"), loss_weights=(0.5, 2.0)),
-                                       CPOObjective(loss_type="simpo", cpo_alpha=0.7),
-                                       KTOObjective(loss_type="apo_zero_unpaired", desirable_weight=2.0)],
-                         ids=["dpo-weighted", "simpo", "kto-apo"])
+                                       CPOObjective(loss_type="simpo", cpo_alpha=0.7)],
+                         ids=["dpo-weighted", "simpo-with-nll"])
 def test_two_micro_batches_equal_one_batch(objective):
-    """Sums over micro-batches divided once: the update and every figure equal the whole batch's."""
+    """Sums over micro-batches divided once: the update and every figure equal the whole batch's (SimPO's NLL is a
+    mean over the batch's tokens beside a mean over pairs: its micro-batches read the batch's token count)."""
     assert isinstance(objective, Objective)
     mesh = one_device_mesh()
     batch = stack_rows(_pairs())
-    if isinstance(objective, KTOObjective):  # unpaired rows: the chosen side as the row, labels alternating
-        batch = {"input_ids": batch["chosen_input_ids"], "segment_ids": batch["chosen_segment_ids"],
-                 "loss_mask": batch["chosen_loss_mask"], "label": np.arange(8, dtype=np.int32) % 2}
     results = []
     for accumulation in (1, 2):
         state = create_train_state(tiny_llama(seed=0, mesh=mesh, layers=1), optax.sgd(0.5), mesh)
@@ -168,6 +165,8 @@ def test_precomputed_reference_log_probs_equal_the_live_reference_and_are_reused
     live_trainer, live = _dpo_run(tmp_path / "live", tiny_llama(seed=9, layers=1), False)
     trainer, pre = _dpo_run(tmp_path / "pre", tiny_llama(seed=9, layers=1), True)
     assert trainer.objective.reference_source == "precomputed" and trainer.model_state.frozen_models == {}
+    assert live_trainer.summary["reference"]["reference"] == "ref_model (given)"  # recorded with its digest
+    assert live_trainer.summary["reference"]["reference_sha256"] == trainer.summary["reference"]["reference_sha256"]
     for key in ("loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
         np.testing.assert_allclose(pre[key], live[key], rtol=1e-5, atol=1e-7, err_msg=key)
     # evaluation reports TRL's figures with TRL's eval_ prefix; its six rows fill a batch of 8 with two empty rows
@@ -177,8 +176,10 @@ def test_precomputed_reference_log_probs_equal_the_live_reference_and_are_reused
         np.testing.assert_allclose(evals[0][key], evals[1][key], rtol=1e-5, atol=1e-7, err_msg=key)
     stored = tmp_path / "pre" / "reference_logps" / "train.npz"
     stamp = stored.stat().st_mtime_ns
-    with caplog.at_level("INFO", logger="scaletrain"):
-        _dpo_run(tmp_path / "pre", tiny_llama(seed=9, layers=1), True)
+    with caplog.at_level("INFO", logger="scaletrain"):  # the pass runs when the trainer is built: no step needed
+        again = st.DPOTrainer(model=tiny_llama(seed=0, layers=1), ref_model=tiny_llama(seed=9, layers=1),
+                              args=trainer.arguments, train_dataset=fixed_rows(_pairs()))
+        again.release_run_lock()
     assert stored.stat().st_mtime_ns == stamp and "reusing the reference's log-probabilities" in caplog.text
 
 

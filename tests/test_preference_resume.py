@@ -52,6 +52,7 @@ def test_sigkill_in_a_dpo_run_and_resume_is_bitwise_identical(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["resumed_from"] is not None and summary["final_step"] == 6
     assert summary["params_sha256"] == ref_summary["params_sha256"]
+    assert summary["reference"] == ref_summary["reference"] and summary["reference"]["reference"].startswith("starting")
     records = _train_records(tmp_path / "run" / "metrics.jsonl")
     assert records == _train_records(tmp_path / "ref" / "metrics.jsonl") and len(records) == 6
     assert records[6][1] > records[1][1]  # training moved the margin

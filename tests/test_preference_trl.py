@@ -1,4 +1,4 @@
-"""Preference objectives number for number with TRL 1.16, run here on the same rows.
+"""Preference objectives number for number with TRL 1.16 (DPO sigmoid and IPO, ORPO, CPO-SimPO, KTO), run here.
 
 A random tiny Llama policy and a different random reference are exported to Hugging Face folders
 (scaletrain's export) and loaded in torch for TRL. Each trainer takes one step at learning rate 0
@@ -156,3 +156,40 @@ def test_simpo_matches_trl_cpo(folders, tmp_path):
     rows, length = _rows_from_orpo(trainer.train_dataset)
     ours = _ours(folders["policy"], tmp_path, rows, length, CPOObjective(loss_type="simpo", beta=2.0, simpo_gamma=0.5, cpo_alpha=0.5))
     _compare(ours, theirs, REWARD_FIGURES + ["nll_loss"])
+
+
+def _rows_from_kto(dataset):
+    """Our unpaired rows (each with its KL row) from TRL's tokenized KTO rows."""
+    from preference_testing import pad_row
+
+    length = max(len(r["prompt_ids"]) + max(len(r["completion_ids"]), len(r["KL_completion_ids"])) for r in dataset)
+    rows = []
+    for r in dataset:
+        p, row = r["prompt_ids"], {"label": int(r["label"])}
+        for prefix, key in (("", "completion_ids"), ("kl_", "KL_completion_ids")):
+            ids, seg, mask = pad_row(p + r[key], [0] * len(p) + [1] * len(r[key]), length)
+            row.update({f"{prefix}input_ids": ids, f"{prefix}segment_ids": seg, f"{prefix}loss_mask": mask})
+        rows.append(row)
+    return rows, length
+
+
+def test_kto_matches_trl(folders, tmp_path):
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    from scaletrain.objectives.kto import KTOObjective
+
+    unpaired = [{"prompt": p, "completion": c, "label": label} for p, good, bad in RAGGED_PAIRS[:4]
+                for c, label in ((good, True), (bad, False))]
+    # the two models swapped: with this pair the KL estimate is positive (with the other it is clamped to 0)
+    policy, reference = folders["reference"], folders["policy"]
+    trainer = KTOTrainer(model=torch_model(policy), ref_model=torch_model(reference),
+                         args=_trl_args(KTOConfig, tmp_path / "trl", beta=0.3, desirable_weight=1.0,
+                                        undesirable_weight=1.5, max_length=None),
+                         train_dataset=Dataset.from_list(unpaired), processing_class=folders["tokenizer"])
+    theirs = _trl_first_log(trainer)
+    rows, length = _rows_from_kto(trainer.train_dataset)
+    ours = _ours(policy, tmp_path, rows, length,
+                 KTOObjective(beta=0.3, desirable_weight=1.0, undesirable_weight=1.5), reference=reference)
+    assert theirs["kl"] > 0  # the KL estimate is not clamped away: the comparison covers it
+    _compare(ours, theirs, [f for f in REWARD_FIGURES if f != "rewards/accuracies"] + ["kl", "entropy"])

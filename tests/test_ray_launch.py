@@ -113,6 +113,22 @@ def test_two_workers_match_one_process(docs_run, tmp_path):
     assert result.summary["final_eval_loss"] == pytest.approx(ref_summary["final_eval_loss"], rel=2e-5)
 
 
+def test_a_two_worker_checkpoint_resumes_in_one_process(docs_run, tmp_path):
+    """2 -> 1: the Ray run's step-4 checkpoint, resumed by this one process, trains steps 5 and 6 on the same
+    global batches (the data position counts global batches, whatever the process count): the same losses as
+    the Ray run within the tolerance of test_two_workers_match_one_process (summation order only)."""
+    import shutil
+
+    folder, ns = docs_run
+    source = os.path.join(ns["result"].output_dir, "checkpoints", "4")
+    shutil.copytree(source, tmp_path / "checkpoints" / "4")
+    arguments = ns["arguments"].model_copy(update={"output_dir": str(tmp_path), "resume_if_possible": True})
+    ns["trainer"].train(1, arguments, ns["train_rows"], ns["eval_rows"])
+    ours, ray = _losses(tmp_path), _losses(ns["result"].output_dir)
+    assert sorted(ours) == [5, 6]
+    np.testing.assert_allclose([ours[s] for s in (5, 6)], [ray[s] for s in (5, 6)], rtol=2e-5, atol=2e-5)
+
+
 @pytest.fixture(scope="module")
 def preempted_then_killed(docs_run):
     """One run that a SIGTERMed worker stops, then resumed by the doc's restart example, whose worker is SIGKILLed.

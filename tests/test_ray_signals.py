@@ -177,7 +177,7 @@ def test_user_errors_found_without_a_worker(tmp_path):
     from scaletrain.recipe import Recipe
 
     run = tmp_path / "checked"
-    for override, error, text in [("ray.num_workers=3", ConfigError, "total_batch_size=4 must be divisible by "
+    for override, error, text in [("ray.num_workers=3", ConfigError, "total_batch_size=4 cannot be split among "
                                    "ray.num_workers=3"),
                                   ("data.source=/nonexistent/*.txt", DataError, "no files match")]:
         recipe = Recipe.load(RECIPE, [*TINY, f"training.output_dir={run}", override])

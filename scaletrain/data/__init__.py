@@ -14,6 +14,7 @@ from scaletrain.data.corpus import (
     read_text_files,
 )
 from scaletrain.data.loader import as_source_or_rows, make_batch_iterator, steps_per_epoch
+from scaletrain.data.mixture import MixtureRows, mix_rows
 from scaletrain.data.packing import PackedRows, first_fit, pack_documents, pack_pieces, split_into_pieces
 from scaletrain.data.prepared import prepare_tokenizer, resolve_tokenizer_path
 from scaletrain.data.processing import extract_column_names, process_messages_data, process_sample_data
@@ -28,6 +29,7 @@ __all__ = [
     "ChatEncoder",
     "FixedRows",
     "LMSplits",
+    "MixtureRows",
     "PackedRows",
     "ROLES",
     "SourceRow",
@@ -48,6 +50,7 @@ __all__ = [
     "load_bundled_corpus",
     "load_processor",
     "make_batch_iterator",
+    "mix_rows",
     "pack_documents",
     "pack_pieces",
     "prepare_tokenizer",

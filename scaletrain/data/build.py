@@ -38,8 +38,14 @@ def build_datasets(
     documents with eos; ``kind: chat`` reads ``messages_column`` and packs one
     conversation per segment with a loss mask over the assistant turns
     (:mod:`scaletrain.data.kinds` holds the kinds). Stats (including
-    ``bad_rows_skipped``) are in the result's ``stats``.
+    ``bad_rows_skipped``) are in the result's ``stats``. With ``data.mixture`` each entry is
+    built so and the results mixed (:func:`scaletrain.data.mixture.build_mixture`).
     """
+    if data.mixture:
+        from scaletrain.data.mixture import build_mixture
+
+        return build_mixture(data, tokenizer, max_length=max_length, seed=seed, truncation_mode=truncation_mode,
+                             build=build_datasets)
     kind = data_kind(data.kind)
     column = kind.column(data)
     bad = BadRows(skip=data.skip_bad_rows)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from scaletrain.data.records import BadRows, iter_conversations, iter_texts
-from scaletrain.errors import DataError
+from scaletrain.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from scaletrain.data.splits import LMSplits
@@ -126,18 +126,27 @@ def _set_chat_template(data: DataSection, tokenizer: Any) -> None:
 
 def _build_preference(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
                       truncation_mode: str) -> LMSplits:
-    """Pairs (prompt / chosen / rejected) as TRL's DPOTrainer prepares them, one pair per row."""
+    """Pairs (prompt / chosen / rejected) as TRL's DPOTrainer prepares them (or its ORPO/CPO trainers, with
+    ``data.preparation: trl_orpo``), one pair per row."""
     from scaletrain.data.preference import build_preference
+    from scaletrain.data.preference_legacy import OrpoPairEncoder
 
     _set_chat_template(data, tokenizer)
+    encoder = None
+    if data.preparation == "trl_orpo":
+        encoder = OrpoPairEncoder(tokenizer, max_length, "keep_start", data.max_prompt_length)
     return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
-                            truncation_mode=truncation_mode, paired=True)
+                            truncation_mode=truncation_mode, paired=True, encoder=encoder)
 
 
 def _build_unpaired(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
                     truncation_mode: str) -> LMSplits:
     """KTO rows (prompt / completion / label) as TRL's KTOTrainer prepares them, with their KL rows."""
     from scaletrain.data.preference import build_preference
+
+    if data.preparation != "trl_dpo":
+        raise ConfigError(f"data.preparation: {data.preparation} is for kind: preference; KTO rows are prepared as "
+                          "TRL's KTOTrainer does (data.preparation: trl_dpo)")
 
     _set_chat_template(data, tokenizer)
     return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,

@@ -197,7 +197,8 @@ def make_batch_iterator(
 
     ``get_state()`` is ``{"next_index": k}`` after ``k`` batches and ``set_state``
     jumps there directly. A state is only meaningful for an iterator built with the
-    same rows and arguments.
+    same rows and arguments. Rows with a ``batch_iterator`` method (a mixture's
+    :class:`~scaletrain.data.mixture.MixtureRows`) are served by it instead.
     """
     import grain
 
@@ -206,6 +207,10 @@ def make_batch_iterator(
 
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
+    serve = getattr(rows, "batch_iterator", None)
+    if serve is not None:  # rows that lay out their own batches (a data.mixture: scaletrain.data.mixture)
+        return serve(global_batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+                     process_index=process_index, process_count=process_count)
     rows = as_source_or_rows(rows)
     gather = _gather_for(rows, max_length, truncation_mode, collate_fn)
     num_rows = len(rows)

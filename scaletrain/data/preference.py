@@ -64,13 +64,22 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class Encoded:
-    """One example's tokens: the prompt and one completion per sequence (pairs: chosen, rejected)."""
+    """One example's tokens: the prompt and one completion per sequence (pairs: chosen, rejected).
+
+    ``prompts`` gives each completion its own prompt tokens where they differ (TRL's ORPO/CPO
+    preparation, :mod:`scaletrain.data.preference_legacy`); None: ``prompt`` for all.
+    """
 
     prompt: list[int]
     completions: tuple[list[int], ...]
     label: bool | None
     origin: str
     row: int
+    prompts: tuple[list[int], ...] | None = None
+
+    def prompt_of(self, i: int) -> list[int]:
+        """The prompt tokens before completion ``i``."""
+        return self.prompt if self.prompts is None else self.prompts[i]
 
 
 @dataclass(frozen=True)
@@ -236,8 +245,8 @@ def pair_rows(encoded: Sequence[Encoded], encoder: PreferenceEncoder, pad_id: in
     n, length = len(encoded), encoder.max_length
     chosen, rejected = _Sequences(n, length, pad_id), _Sequences(n, length, pad_id)
     for r, e in enumerate(encoded):
-        chosen.put(r, encoder.fit(e.prompt, e.completions[0]))
-        rejected.put(r, encoder.fit(e.prompt, e.completions[1]))
+        chosen.put(r, encoder.fit(e.prompt_of(0), e.completions[0]))
+        rejected.put(r, encoder.fit(e.prompt_of(1), e.completions[1]))
     stats = {"rows": n, "truncated": chosen.truncated + rejected.truncated, "tokens": chosen.tokens + rejected.tokens}
     return FixedRows({**chosen.columns("chosen_"), **rejected.columns("rejected_")},
                      pad_values={"chosen_input_ids": pad_id, "rejected_input_ids": pad_id}, stats=stats)
@@ -290,18 +299,20 @@ def build_preference_splits(
     name: str = "the preference data",
     num_workers: int = 0,
     chunk_size: int = 256,
+    encoder: PreferenceEncoder | None = None,
 ) -> LMSplits:
     """Encode checked examples and split them into train/eval :class:`FixedRows`.
 
     ``eval_fraction`` of the examples (seeded, :func:`held_out_mask`) are held out, unless
     ``eval_examples`` are given. Rows the cut would leave without a completion go to
     ``bad`` with their file and row (raised unless it skips). ``train`` and ``eval`` are
-    served under :data:`PAIR_KEYS` (``paired``) or :data:`UNPAIRED_KEYS`.
+    served under :data:`PAIR_KEYS` (``paired``) or :data:`UNPAIRED_KEYS`. ``encoder``
+    replaces TRL's DPO/KTO preparation (e.g. by the ORPO/CPO one; it carries the lengths).
     """
     if not 0.0 <= eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction must be in [0, 1), got {eval_fraction}")
     bad = bad if bad is not None else BadRows()
-    encoder = PreferenceEncoder(tokenizer, max_length, truncation_mode, max_prompt_length)
+    encoder = encoder or PreferenceEncoder(tokenizer, max_length, truncation_mode, max_prompt_length)
     t0 = time.perf_counter()
     what = "pairs" if paired else "rows"
     encoded = _encode_all(examples, encoder, bad, num_workers, chunk_size, name, what)
@@ -334,7 +345,8 @@ def build_preference_splits(
 
 
 def build_preference(data: Any, rows: Any, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
-                     truncation_mode: str, paired: bool = True) -> LMSplits:
+                     truncation_mode: str, paired: bool = True, encoder: PreferenceEncoder | None = None
+                     ) -> LMSplits:
     """The ``preference`` / ``unpaired_preference`` data kinds' builder (``data.chat_template`` is already set
     on the tokenizer by :mod:`scaletrain.data.kinds`)."""
     read = iter_pairs if paired else iter_unpaired
@@ -343,5 +355,5 @@ def build_preference(data: Any, rows: Any, tokenizer: Any, bad: BadRows, *, max_
         read(rows, data.source, data.split, data, bad, data.max_documents), tokenizer, max_length,
         paired=paired, eval_fraction=data.eval_fraction, seed=seed, eval_examples=held,
         truncation_mode=truncation_mode, max_prompt_length=data.max_prompt_length, bad=bad,
-        name=f"data.source {data.source!r}", num_workers=data.num_workers,
+        name=f"data.source {data.source!r}", num_workers=data.num_workers, encoder=encoder,
     )

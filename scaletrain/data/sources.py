@@ -335,4 +335,5 @@ def source_format(source: Any, format: Format = "auto") -> str:
     return detect_format(resolve_paths(source)[0])
 
 
-__all__ = ["FORMATS", "MissingColumnError", "SourceRow", "detect_format", "is_unreadable", "iter_source", "resolve_paths", "source_format"]
+__all__ = ["FORMATS", "MissingColumnError", "SourceRow", "detect_format", "is_unreadable", "iter_source",
+           "resolve_paths", "source_format"]

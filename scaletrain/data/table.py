@@ -55,6 +55,11 @@ class FixedRows:
     def keys(self) -> list[str]:
         return list(self.columns)
 
+    def with_columns(self, columns: Mapping[str, np.ndarray], pad_values: Mapping[str, Any] | None = None
+                     ) -> FixedRows:
+        """These rows with ``columns`` added (or replaced), e.g. precomputed reference log-probs ``[num_rows]``."""
+        return FixedRows({**self.columns, **columns}, {**self.pad_values, **(pad_values or {})}, self.stats)
+
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         """The rows at ``index`` as ``{key: [len(index), ...]}``; indices past the end are padding rows."""
         index = np.asarray(index, dtype=np.int64)

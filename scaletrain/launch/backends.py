@@ -2,8 +2,10 @@
 
 A backend is a name and an entry point ``(recipe) -> summary``, imported only when
 chosen (Ray is an optional extra, and the local run must not pay for importing it).
-The recipe chooses: a ``ray`` section with ``num_workers`` set runs on Ray, anything
-else runs locally, as ``scaletrain train`` always has. A new backend is one entry in
+The recipe chooses: a ``ray`` section with ``num_workers`` set runs on Ray; a process
+started as one of several (``launch`` section, ``--coordinator``, Slurm, Open MPI, a TPU
+pod with ``launch.backend=jax``) joins them with ``jax.distributed``; anything else runs
+locally, as ``scaletrain train`` always has. A new backend is one entry in
 :data:`BACKENDS`, its recipe section, and one rule in :func:`backend_of`.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from scaletrain.errors import ConfigError
+
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.recipe import Recipe
 
@@ -19,12 +23,22 @@ if TYPE_CHECKING:  # pragma: no cover
 BACKENDS: dict[str, str] = {
     "local": "scaletrain.launch.local:run_local",
     "ray": "scaletrain.launch.ray.launcher:run_recipe_on_ray",
+    "jax": "scaletrain.launch.jax.backend:run_recipe_on_jax",
 }
 
 
 def backend_of(recipe: Recipe) -> str:
-    """The backend ``recipe`` asks for: ``ray`` when ``ray.num_workers`` is set, else ``local``."""
-    return "ray" if recipe.ray.num_workers else "local"
+    """The backend ``recipe`` asks for: ``ray`` when ``ray.num_workers`` is set; ``jax`` when
+    ``launch.backend`` says so, or (``auto``) when this process was started as one of several
+    (:func:`scaletrain.launch.jax.settings.wants_jax`); else ``local``."""
+    from scaletrain.launch.jax.settings import wants_jax
+
+    if recipe.ray.num_workers:
+        if recipe.launch.backend == "jax":
+            raise ConfigError("launch.backend=jax and ray.num_workers are both set: Ray starts its own JAX "
+                              "processes; unset ray.num_workers, or set launch.backend=auto")
+        return "ray"
+    return "jax" if wants_jax(recipe) else "local"
 
 
 def run_recipe(recipe: Recipe) -> dict[str, Any]:

@@ -8,8 +8,8 @@ that holds something to reuse (a ``summary.json`` or checkpoints) is refused
 with the changed keys named, or moved aside and trained afresh when asked
 (``rerun_changed``); it is never silently reused.
 
-Keys that only say where or how a member runs, or when it pauses (the ``sweep``
-and ``ray`` sections, paths, progress display, loggers, stop conditions that a
+Keys that only say where or how a member runs, or when it pauses (the ``sweep``,
+``ray``, ``launch`` and ``eval_harness`` sections, paths, progress display, loggers, stop conditions that a
 resume continues from bit-identically) are not part of the key: changing them
 must not force a retrain.
 """
@@ -27,7 +27,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.training.outputs import read_summary, write_json_atomic
 
 RECORD_FILE = "sweep-member.json"
-IGNORED_SECTIONS = ("sweep", "ray")
+IGNORED_SECTIONS = ("sweep", "ray", "launch", "eval_harness")  # eval_harness scores, it never changes what is trained
 IGNORED_TRAINING_KEYS = (
     "output_dir", "resume_if_possible", "progress_bar", "compilation_cache_dir", "report_to", "wandb_project",
     "kill_switch_path", "exit_iteration", "exit_iteration_this_run", "training_time_limit",

@@ -286,12 +286,12 @@ class BaseTrainer(BaseTrainerProtocol):
 
     def configure_functions(self) -> TrainerConfigureFunctionOutput:
         """Jit the train and eval steps with the state's shardings; the state is donated."""
-        args = self.arguments
-        self.batch_sharding = batch_sharding(args, self._mesh)
+        args, self.batch_sharding = self.arguments, batch_sharding(self.arguments, self._mesh)
         train, evaluate = make_step_functions(
             self._optimizer, state_shardings(self._model_state), self.batch_sharding,
             NamedSharding(self._mesh, PartitionSpec()), self.objective, args.gradient_accumulation_steps,
             log_grad_norms=args.log_grad_norms, log_weight_stats=args.log_weight_stats,
+            log_data_fingerprint=args.log_data_fingerprint,
         )
         # measured once here, outside any mesh context (the CPU fallback runs a matmul)
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)

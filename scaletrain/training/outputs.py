@@ -19,6 +19,15 @@ from scaletrain.training.optim import resolved_learning_rate_end
 
 SUMMARY_FILE = "summary.json"
 
+# How this process was started, for the plan: set by a launch backend before training (process-wide,
+# as the process's place in its job is); None when nothing said (a library user's own process).
+_launch_description: list[str | None] = [None]
+
+
+def set_launch_description(text: str | None) -> None:
+    """Name the backend, process count and coordinator in the plan of the runs this process starts."""
+    _launch_description[0] = text
+
 
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON so that a reader sees the old file or the new one, never half."""
@@ -56,6 +65,7 @@ def format_plan(arguments: Any, *, model_config: Any, parameter_counts: tuple[in
         f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}",
         f"precision       params {jnp.dtype(param_dtype).name}, compute {jnp.dtype(dtype).name}, "
         f"softmax/loss float32",
+        *([f"launch          {_launch_description[0]}"] if _launch_description[0] else []),
         f"mesh            {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
         f"device(s), {jax.process_count()} process(es)",
         f"steps           {start_step} -> {max_training_steps} ({horizon_reason(a, steps_per_epoch, num_epochs)})",

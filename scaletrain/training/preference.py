@@ -153,6 +153,23 @@ class PreferenceTrainer(Trainer):
         meta["reference"] = self.reference_record
         return meta
 
+    def starting_state(self, state: TrainState | None = None, model_parameters: Any = None) -> TrainState:
+        """The base's, with this trainer's reference kept: a state passed to ``train(state=...)`` carries the
+        policy, while the reference was set up when the model was configured."""
+        if state is not None:
+            state = state.replace(frozen_models=self._model_state.frozen_models)
+        return super().starting_state(state, model_parameters)
+
+    def write_summary(self, state: TrainState) -> dict[str, Any]:
+        """The base summary plus the objective's name and the reference read (path and digest)."""
+        from scaletrain.training.outputs import write_summary
+
+        summary = super().write_summary(state)
+        summary.update(objective=self.objective.name, reference=self.reference_record)
+        if self.is_main_process:
+            write_summary(self.arguments.ensure_output_dir(), summary)
+        return summary
+
     def maybe_resume(self, state: TrainState) -> TrainState:
         """The base resume, then the reference check: a run resumed against another reference is refused."""
         state = super().maybe_resume(state)

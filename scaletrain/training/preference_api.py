@@ -38,6 +38,8 @@ class KTOConfig(TrainingArguments, KTOOptions):
 
 
 class _PreferenceTrainerBase(PreferenceTrainer):
+    """A ``PreferenceTrainer`` built from a config of ``config_class`` and the objective registered as ``kind``."""
+
     kind: str
     config_class: type[TrainingArguments]
     reads_reference: bool = True

@@ -122,6 +122,8 @@ class Trainer(BaseTrainer):
                 self._consumed_data_state = data_state
                 ahead = self._fetch_batch() if step < self.max_training_steps else None
                 state, metrics = self.on_step_end(state, metrics, step)
+                if figures := self.data_metrics(step):  # "data/<source>/tokens", ...: logged beside the loss
+                    metrics = {**metrics, **figures}
                 self.global_step = step
                 self.current_state = state
                 self._last_step_output = (step, StepOutput(metrics))  # kept on device for the summary
@@ -129,6 +131,15 @@ class Trainer(BaseTrainer):
             if epoch is not None:
                 self.fire("post_epoch", epoch)
         return state
+
+    def data_metrics(self, step: int) -> dict[str, float]:
+        """Host figures of the data step ``step`` trained on (a mixture's tokens per source); ``{}`` for plain data.
+
+        Computed from the batch index alone (the iterator's schedule), so a resumed run logs the
+        same figures as an uninterrupted one.
+        """
+        figures = getattr(self.dataloader_train, "data_metrics", None)
+        return figures(step) if figures is not None else {}
 
     def _teardown(self, state: TrainState, failing: bool = False) -> None:
         """Finish pending checkpoint writes and close loggers, whatever ended the run.
@@ -158,12 +169,19 @@ class Trainer(BaseTrainer):
             logger.debug("closing the loggers of a failed run: %s", err)
 
     # ---- evaluation -----------------------------------------------------------------
-    def _eval_batches(self) -> Iterator[dict[str, jax.Array]]:
-        it = self.make_iterator(self._eval_source, shuffle=False, num_epochs=1, drop_remainder=False)
+    def _eval_batches(self, rows: Any = None) -> Iterator[dict[str, jax.Array]]:
+        rows = self._eval_source if rows is None else rows
+        it = self.make_iterator(rows, shuffle=False, num_epochs=1, drop_remainder=False)
         for i, batch in enumerate(it):
             if self.max_evaluation_steps is not None and i >= self.max_evaluation_steps:
                 break
             yield self.shard_batch(batch)
+
+    def _eval_parts(self) -> list[tuple[str | None, Any, float | None]]:
+        """``(name, rows, bytes per token)`` to evaluate: the eval set, or each named part of a mixture's
+        (``max_evaluation_steps`` then bounds each part)."""
+        named = getattr(self._eval_source, "named_parts", None)
+        return named() if named is not None else [(None, self._eval_source, self.eval_bytes_per_token)]
 
     def eval(self, model_state: TrainState | None = None) -> Iterator[dict[str, float]]:
         """Yield running evaluation metrics after every eval batch (EasyDeL's ``Trainer.eval``).
@@ -172,26 +190,43 @@ class Trainer(BaseTrainer):
         (:meth:`~scaletrain.objectives.Objective.eval_metrics`)."""
         state = model_state if model_state is not None else self.current_state
         total: Any = None
+        i = 0
         with jax.set_mesh(self._mesh):
-            for i, batch in enumerate(self._eval_batches(), start=1):
-                sums = jax.tree.map(lambda x: np.asarray(x, np.float64),
-                                    jax.device_get(self.sharded_evaluation_step_function(state, batch)))
-                total = sums if total is None else jax.tree.map(np.add, total, sums)
-                yield {"eval_step": i, **self.objective.eval_metrics(total, self.eval_bytes_per_token)}
+            for _, rows, _ in self._eval_parts():
+                for batch in self._eval_batches(rows):
+                    i += 1
+                    sums = jax.tree.map(lambda x: np.asarray(x, np.float64),
+                                        jax.device_get(self.sharded_evaluation_step_function(state, batch)))
+                    total = sums if total is None else jax.tree.map(np.add, total, sums)
+                    yield {"eval_step": i, **self.objective.eval_metrics(total, self.eval_bytes_per_token)}
 
     def evaluate(self, state: TrainState | None = None, metric_calculator: Callable | None = None) -> dict[str, float]:
         """Full evaluation, reduced by the objective: for the language-model loss ``eval_loss``,
-        ``eval_accuracy``, ``eval_perplexity``, ``eval_tokens`` (and ``eval_bits_per_byte``)."""
+        ``eval_accuracy``, ``eval_perplexity``, ``eval_tokens`` (and ``eval_bits_per_byte``).
+
+        A mixture's eval set is evaluated source by source: the same figures per source as
+        ``eval_<name>_loss``, ``eval_<name>_accuracy``, ..., and their sums give the overall ones."""
         if self._dataset_eval is None:
             raise DataError("evaluate() needs dataset_eval")
         state = state if state is not None else self.current_state
         self.fire("pre_evaluate", self.global_step)
         acc: Any = None
+        named: dict[str, tuple[Any, float | None]] = {}
         with jax.set_mesh(self._mesh):
-            for batch in self._eval_batches():
-                sums = self.sharded_evaluation_step_function(state, batch)
-                acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
+            for name, rows, bytes_per_token in self._eval_parts():
+                part: Any = None
+                for batch in self._eval_batches(rows):
+                    sums = self.sharded_evaluation_step_function(state, batch)
+                    part = sums if part is None else jax.tree.map(jnp.add, part, sums)
+                if part is None:
+                    continue
+                if name is not None:
+                    named[name] = (part, bytes_per_token)
+                acc = part if acc is None else jax.tree.map(jnp.add, acc, part)
         results = self.objective.eval_metrics(jax.device_get(acc), self.eval_bytes_per_token)
+        for name, (sums, bytes_per_token) in named.items():
+            figures = self.objective.eval_metrics(jax.device_get(sums), bytes_per_token)
+            results.update({f"eval_{name}_{k.removeprefix('eval_')}": v for k, v in figures.items()})
         if metric_calculator is not None:
             results.update(metric_calculator(state, results))
         self.last_eval = (self.global_step, results)

@@ -53,7 +53,6 @@ FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
     "pruning_module": ((None,), "pruning is not implemented"),
     "custom_scheduler": ((None,), "the schedule is scheduler/warmup_steps/learning_rate_end"),
     "loss_config": ((None,), "the loss is set by z_loss and loss_chunk_size"),
-    "jax_distributed_config": ((None,), "jax.distributed is initialised by the Ray launcher"),
     "step_start_point": ((None,), "the start step comes from the checkpoint"),
     "state_apply_fn_kwarguments_to_model": ((None,), "the model is called with the batch only"),
     "tx_mu_dtype": ((None, "float32"), "optimizer moments are always float32 (docs/api.md, precision)"),

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from scaletrain.errors import ConfigError, DataError
+from scaletrain.errors import ConfigError, DataError, ScaletrainError
+from scaletrain.launch.batch_split import check_batch_split
 
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.data.config import DataSection
@@ -23,11 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def check_recipe_before_launch(recipe: Recipe) -> None:
     """Raise the ConfigError / DataError a worker would raise for the batch split, model type, tokenizer or data."""
     n, t = recipe.ray.num_workers or 1, recipe.training
-    if t.total_batch_size % n:
-        raise ConfigError(
-            f"training.total_batch_size={t.total_batch_size} must be divisible by ray.num_workers={n}: "
-            "every worker reads an equal share of each global batch"
-        )
+    check_batch_split(t.total_batch_size, n, "ray.num_workers")
     if not recipe.model.pretrained:
         from scaletrain.models import get_modules_by_type
 
@@ -39,9 +36,16 @@ def check_recipe_before_launch(recipe: Recipe) -> None:
         if not os.path.isdir(os.path.expanduser(tokenizer)):
             raise ConfigError(f"tokenizer.path={tokenizer!r} is not a folder")
     d = recipe.data
-    _check_readable(d.source, d.split, "data.source", d)
-    if d.eval_source:
-        _check_readable(d.eval_source, d.eval_split, "data.eval_source", d)
+    entries = [(f"data.mixture[{i}]", e) for i, e in enumerate(d.mixture)] if d.mixture else [("data", d)]
+    for where, entry in entries:  # a mixture: each of its sources, named in the message
+        try:
+            _check_readable(entry.source, entry.split, f"{where}.source", entry)
+            if entry.eval_source:
+                _check_readable(entry.eval_source, entry.eval_split, f"{where}.eval_source", entry)
+        except ScaletrainError as err:
+            if not d.mixture:
+                raise
+            raise type(err)(f"{where} ({entry.name!r}): {err}") from None
 
 
 def _check_readable(source: str, split: str, field: str, d: DataSection) -> None:

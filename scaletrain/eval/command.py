@@ -1,0 +1,130 @@
+"""``scaletrain eval TARGET``: the work behind the command (the CLI only parses).
+
+Data evaluation (``--data``, or a run's own eval data when neither ``--data`` nor ``--tasks``
+is given) and lm-eval tasks (``--tasks``) on one loaded target; a table on the terminal and,
+with ``--output``, the same figures as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from scaletrain.errors import ConfigError
+
+
+def parse_mesh(text: str | None) -> tuple[int, ...] | None:
+    """``1,-1,1,1,1`` as mesh axis sizes (dp, fsdp, ep, tp, sp); None for the default."""
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--mesh {text!r}: give comma-separated axis sizes (dp,fsdp,ep,tp,sp), e.g. 1,-1,1,1,1") \
+            from None
+
+
+def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", split: str = "train",
+             data_keys: dict[str, Any] | None = None, tasks: str | None = None, include_path: str | None = None,
+             output_path: str | None = None, log_samples: bool = False, limit: float | None = None,
+             num_fewshot: int | None = None, batch_size: int | None = None, max_length: int | None = None,
+             max_batches: int | None = None, checkpoint: int | None = None, adapter: str | None = None,
+             mesh: tuple[int, ...] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Evaluate ``target`` as the command line says; returns ``{"target", "step", "data"?, "tasks"?}``.
+
+    Bad input is refused before the model loads where it can be (a missing target or data file, an
+    unknown task), each as one ConfigError.
+    """
+    from scaletrain.eval.harness import task_list, task_manager
+
+    if not os.path.exists(target):
+        raise ConfigError(f"{target}: no such file or directory; pass a run folder, a checkpoint folder, "
+                          "or a Hugging Face model folder")
+    if data is not None and not data.startswith(("bundled:", "prepared:")) and not _glob_exists(data):
+        raise ConfigError(f"--data {data}: no such file, folder or glob match")
+    folder = any(os.path.isfile(os.path.join(target, f)) for f in ("config.json", "adapter_config.json"))
+    if data is None and not tasks and folder:
+        raise ConfigError(f"{target}: give --data SOURCE or --tasks (only a run folder written by "
+                          "`scaletrain train` knows its own eval data)")
+    manager = task_manager(task_list(tasks), include_path) if tasks else None
+    from scaletrain.eval.data_eval import source_section
+
+    section = None if data is None else source_section(  # a bad kind or format is refused before loading
+        data, kind=kind, split=split, **{k: v for k, v in (data_keys or {}).items() if v is not None})
+    from scaletrain.eval.targets import load_target
+
+    loaded = load_target(target, step=checkpoint, adapter=adapter, mesh=mesh)
+    report: dict[str, Any] = {"target": target, "step": loaded.step}
+    if data is not None or tasks is None:
+        report["data"] = _data_figures(loaded, section, batch_size, max_length, max_batches, progress)
+    if tasks:
+        from scaletrain.eval.harness import flat_metrics, run_tasks
+        from scaletrain.eval.lm_eval_model import ScaletrainLM
+
+        lm = ScaletrainLM(model=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size or 8,
+                          max_length=max_length)
+        results = run_tasks(lm, tasks, include_path=include_path, num_fewshot=num_fewshot, limit=limit,
+                            log_samples=log_samples, output_path=output_path, model_name=target, manager=manager)
+        report["tasks"] = flat_metrics(results, prefix="")
+        report["lm_eval_results"] = results
+    return report
+
+
+def _glob_exists(pattern: str) -> bool:
+    import glob
+
+    return os.path.exists(pattern) or bool(glob.glob(os.path.expanduser(pattern)))
+
+
+def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length: int | None,
+                  max_batches: int | None, progress: bool) -> dict[str, Any]:
+    """Figures of ``section`` (the ``--data`` source), or of the run's own eval data when it is None."""
+    from scaletrain.data.config import DataSection
+    from scaletrain.eval.data_eval import EvalSettings, eval_rows, evaluate_rows
+
+    recipe = (loaded.meta or {}).get("recipe")
+    own = section is None  # the run's own eval data, evaluated as the run evaluated it
+    if own and not recipe:
+        raise ConfigError(f"{loaded.name}: give --data SOURCE or --tasks (only a run folder written by "
+                          "`scaletrain train` knows its own eval data)")
+    if loaded.kind == "run":  # the run's batch, length and loss settings; its eval-step cap for its own data
+        settings = EvalSettings.of_run(loaded.meta.get("arguments", {}), batch_size=batch_size, max_length=max_length)
+        if not own or max_batches is not None:
+            settings = dataclasses.replace(settings, max_batches=max_batches)
+    else:
+        positions = getattr(loaded.model.config, "max_position_embeddings", 2048)
+        settings = EvalSettings(batch_size=batch_size or 8, max_length=max_length or min(positions, 2048),
+                                max_batches=max_batches)
+    section = DataSection(**recipe["data"]) if own else section
+    rows, bytes_per_token = eval_rows(section, loaded.tokenizer, settings)
+    figures = evaluate_rows(loaded.model, rows, settings, bytes_per_token, progress=progress)
+    return {"source": section.eval_source or section.source, "kind": section.kind, "rows": len(rows),
+            "batch_size": settings.batch_size, "max_length": settings.max_length, **figures}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as aligned ``name value`` lines (data figures, then each task's metrics)."""
+    lines = [f"target {report['target']}" + (f" (step {report['step']})" if report.get("step") is not None else "")]
+    for name, value in (report.get("data") or {}).items():
+        lines.append(f"  {name:24s} {_fmt(value)}")
+    for name, value in (report.get("tasks") or {}).items():
+        lines.append(f"  {name:24s} {_fmt(value)}")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write_json(report: dict[str, Any], path: str) -> str:
+    """``report`` (without lm-eval's own results, which ``--output-path`` writes) as JSON at ``path``."""
+    body = {k: v for k, v in report.items() if k != "lm_eval_results"}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(body, f, indent=2, sort_keys=True, default=float)
+    return path
