@@ -39,6 +39,7 @@ from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
+from scaletrain.rl import rollout_store
 from scaletrain.rl.rewards import load_rewards
 from scaletrain.rl.scoring import (
     completion_metrics,
@@ -50,10 +51,17 @@ from scaletrain.rl.scoring import (
     rewards_and_advantages,
 )
 from scaletrain.training.base import batch_sharding
-from scaletrain.training.checkpoint import Checkpointer
+from scaletrain.training.checkpoint import Checkpointer, read_meta
 from scaletrain.training.metrics import peak_flops_per_device
 from scaletrain.training.protocol import TrainerConfigureDataloaderOutput, TrainerConfigureFunctionOutput
-from scaletrain.training.reference import copy_of, default_source, load_reference_folder
+from scaletrain.training.reference import (
+    POLICY_COPY,
+    check_reference,
+    copy_of,
+    default_source,
+    load_reference_folder,
+    reference_record,
+)
 from scaletrain.training.state import FrozenModel, TrainState, state_shardings
 from scaletrain.training.steps import train_step
 from scaletrain.training.trainer import Trainer
@@ -63,10 +71,14 @@ logger = logging.getLogger("scaletrain")
 
 @dataclasses.dataclass
 class _Scored:
-    """A rollout made into the objective's batch (placed on the devices), with its figures."""
+    """A rollout made into the objective's batch (placed on the devices), with its figures; ``host``: the same
+    batch on the host and the prompt batch ``(epoch, index)`` it came from, what a checkpoint stores."""
 
     batch: dict[str, jax.Array]
     metrics: dict[str, float]
+    host: dict[str, np.ndarray]
+    epoch: int
+    index: int
 
 
 def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
@@ -135,6 +147,7 @@ class GRPOTrainer(Trainer):
         self._scored: _Scored | None = None
         self._reference: FrozenModel | None = None
         self._reference_source: str | None = None
+        self.reference_record: dict[str, Any] | None = None
         self._completions_window: int | None = None
         super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
                          objective=objective if objective is not None else build_grpo_objective(o), **kwargs)
@@ -173,6 +186,7 @@ class GRPOTrainer(Trainer):
             if self._reference_source == "model":
                 self._reference = (copy_of(state.graphdef, state.params, state.frozen) if o.reference is None
                                    else load_reference_folder(o.reference, model, self._mesh))
+                self.reference_record = reference_record(o.reference or POLICY_COPY, self._reference)
         return built
 
     def configure_functions(self) -> TrainerConfigureFunctionOutput:
@@ -285,7 +299,7 @@ class GRPOTrainer(Trainer):
             self._write_completions(completion_records(step, prompt_values, completions, per_func,
                                                        [f.name for f in self.reward_functions], adv.advantages,
                                                        o.num_completions_to_print))
-        return _Scored(self._place(batch), metrics)
+        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
         os.makedirs(self.arguments.output_dir, exist_ok=True)
@@ -301,4 +315,46 @@ class GRPOTrainer(Trainer):
         meta = super().checkpoint_metadata(state)
         meta["objective"] = {"name": "grpo", **self.options.model_dump(exclude={"reward_funcs"}),
                              "reward_funcs": [f.name for f in self.reward_functions]}
+        meta["reference"] = self.reference_record
         return meta
+
+    def consumed_data_state(self) -> Any:
+        """The prompt position a checkpoint records and, when the next step reuses the current rollout (inside a
+        ``num_iterations`` cycle), that rollout's batch (``rl/rollout_store.py``): the data the next steps read."""
+        position = dict(super().consumed_data_state())
+        if position.get("repeat", 0) and self._scored is not None:
+            position[rollout_store.KEY] = rollout_store.encode(self._scored.host, epoch=self._scored.epoch,
+                                                               index=self._scored.index)
+        return position
+
+    def maybe_resume(self, state: TrainState) -> TrainState:
+        """The base resume; then the reference check (a run resumed against another reference is refused) and,
+        inside a ``num_iterations`` cycle, the stored rollout put back so the next step reuses it as is."""
+        state = super().maybe_resume(state)
+        where = self.resumed_from
+        if where is None:
+            return state
+        check_reference(read_meta(where).get("reference"), self.reference_record, where)
+        position = self.dataloader_train.get_state()
+        if not position["repeat"]:
+            return state
+        try:
+            with open(os.path.join(where, "data", "metadata"), encoding="utf-8") as f:
+                record = json.load(f)["train"].get(rollout_store.KEY)
+        except (OSError, ValueError, KeyError):
+            record = None
+        if record is None:  # a checkpoint from before rollouts were stored: _grpo_step samples it again, warning
+            return state
+        host = rollout_store.decode(record, epoch=position["epoch"], index=position["index"], where=where)
+        self._scored = _Scored(self._place(host), {}, host, position["epoch"], position["index"])
+        return state
+
+    def write_summary(self, state: TrainState) -> dict[str, Any]:
+        """The base summary plus the reference read (its name and digest), as the preference trainer's."""
+        from scaletrain.training.outputs import write_summary
+
+        summary = super().write_summary(state)
+        summary.update(reference=self.reference_record)
+        if self.is_main_process:
+            write_summary(self.arguments.ensure_output_dir(), summary)
+        return summary
