@@ -48,3 +48,38 @@ def test_grpo_config_takes_trl_and_easydel_names():
     assert st.GRPOConfig().grpo.loss_type == "dapo"  # TRL 1.16's default
     with pytest.raises(ConfigError, match="loss_type"):
         st.GRPOConfig(loss_type="ppo")
+
+
+def test_the_smollm2_example_recipe_validates_and_its_prompts_are_reproducible():
+    """examples/grpo_smollm2.yaml: a grpo recipe whose batch num_generations divides, whose rewards load and
+    pay what the docs say; its prompts are what scripts/make_grpo_prompts.py writes, with correct answers."""
+    import importlib.util
+    import json
+    import pathlib
+    import re
+
+    from scaletrain.rl.rewards import load_rewards
+    from scaletrain.rl.trainer import check_batch_size
+    from scaletrain.run import objective_trainer
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    recipe = st.Recipe.load(str(repo / "examples" / "grpo_smollm2.yaml"))
+    cls, kwargs = objective_trainer(recipe)
+    assert cls is st.GRPOTrainer and recipe.data.kind == "prompt" and recipe.training.lora is not None
+    assert check_batch_size(recipe.training.total_batch_size, kwargs["num_generations"]) == 4
+    funcs, weights = load_rewards(kwargs["reward_funcs"], kwargs["reward_weights"])
+    assert [f.name for f in funcs] == ["exact_answer", "format_regex"] and list(weights) == [1.0, 0.5]
+    completions = ["42", " The answer is 42.", "41"]
+    scores = [f.fn(["q"] * 3, completions, answer=["42"] * 3) for f in funcs]
+    assert scores == [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
+    spec = importlib.util.spec_from_file_location("make_grpo_prompts", repo / "scripts" / "make_grpo_prompts.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = script.random.Random(0)
+    lines = (repo / "examples" / "grpo" / "prompts.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [script.make_row(rng, i) for i in range(len(lines))]
+    for row in map(json.loads, lines):
+        a, op, b = re.search(r"(\d+) (plus|minus|times|and) (\d+)", row["prompt"][-1]["content"]).groups()
+        expected = {"plus": int(a) + int(b), "and": int(a) + int(b), "minus": int(a) - int(b),
+                    "times": int(a) * int(b)}[op]
+        assert row["answer"] == str(expected)
