@@ -83,3 +83,23 @@ def test_the_smollm2_example_recipe_validates_and_its_prompts_are_reproducible()
         expected = {"plus": int(a) + int(b), "and": int(a) + int(b), "minus": int(a) - int(b),
                     "times": int(a) * int(b)}[op]
         assert row["answer"] == str(expected)
+
+
+def test_plot_adds_the_reward_panel_for_a_grpo_run(tmp_path):
+    """``scaletrain plot``: a run whose records carry ``reward`` gets a fourth panel (a 2000-pixel-wide figure at
+    100 dpi instead of 1500); rewards come every other step here, as with num_iterations=2."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from scaletrain.plot import plot_run
+
+    for name, with_reward in (("grpo", True), ("lm", False)):
+        run = tmp_path / name
+        run.mkdir()
+        records = [{"split": "train", "step": s, "loss": 1.0 / s, "learning_rate": 1e-4, "tokens_per_s": 100.0,
+                    **({"reward": 0.1 * s} if with_reward and s % 2 else {})} for s in range(1, 9)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        width = imread(plot_run(str(run))).shape[1]
+        assert width == (2000 if with_reward else 1500), (name, width)
