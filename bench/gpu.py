@@ -32,6 +32,11 @@ over the contender's per case, and ``packed_vs_single``, scaletrain's packed tok
 over its single. A run that fails is recorded with its error (its ratios null) and the
 others go on.
 
+``--rollout`` adds the rollout case: ``bench/rollout.py`` in a fresh process (scaletrain's rollout
+engine against transformers' ``generate`` on the same device, random weights of Llama-3.2-1B's
+architecture, ``--dtype``, 16 prompts x 64 sampled tokens at batch 16 and 64:
+:data:`gpu_cases.ROLLOUT`), its result under ``rollout`` (``--cases ''`` runs it alone).
+
 ``--tiny`` runs the same code paths on a CPU with a toy model and a few steps (the
 contender eager unless ``--contender compile``): that is what the test suite does; its
 numbers mean nothing.
@@ -60,8 +65,8 @@ from common import host_memory_gb  # noqa: E402
 
 # LLAMA_1B and TINY are also read from here by bench/aot.py
 from gpu_cases import (  # noqa: E402
-    CASES, DEFAULT_CASES, DOC_LENGTHS, LLAMA_1B, TINY, TINY_CASES, TINY_DOC_LENGTHS, case_rows, clock_marks, process_start_time,
-    steady_rate,
+    CASES, DEFAULT_CASES, DOC_LENGTHS, LLAMA_1B, ROLLOUT, TINY, TINY_CASES, TINY_DOC_LENGTHS, TINY_ROLLOUT, case_rows,
+    clock_marks, process_start_time, steady_rate,
 )
 
 SYSTEMS = ("scaletrain", "hf")
@@ -154,6 +159,26 @@ def run_worker(cmd: list[str], workdir: str, timeout: float) -> dict[str, Any]:
         return json.load(f) | {"error": None, "wall_s": wall}
 
 
+def run_rollout(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    """The rollout case in a fresh process: bench/rollout.py's result (rows: tokens/s of both, the ratio,
+    the engine's first call), or its error."""
+    case = TINY_ROLLOUT if a.tiny else ROLLOUT
+    out = os.path.join(workdir, "result.json")
+    cmd = [sys.executable, os.path.join(HERE, "rollout.py"), "--arch", case["arch"], "--dtype", a.dtype,
+           "--prompts", str(case["prompts"]), "--batches", case["batches"], "--new", str(case["new"]),
+           "--repeats", str(case["repeats"])] + (["--no-transformers"] if a.contender == "none" else [])
+    print("[gpu] rollout: running", flush=True)
+    entry = run_worker(cmd + ["--out", out], workdir, a.timeout)
+    entry["command"] = shlex.join(cmd)
+    for row in entry.get("rows", []):
+        print(f"[gpu] rollout batch {row['batch']}: scaletrain {row['scaletrain_tok_s']:,.0f} tok/s (first call "
+              f"{row['first_call_s']:.1f}s), transformers {row['transformers_tok_s']:,.0f} tok/s: {row['ratio']}x",
+              flush=True)
+    if entry["error"]:
+        print(f"[gpu] rollout: FAILED {entry['error']}", flush=True)
+    return entry
+
+
 def usable(entry: dict[str, Any] | None) -> bool:
     tps = (entry or {}).get("tokens_per_s")
     return tps is not None and math.isfinite(tps) and tps > 0
@@ -235,12 +260,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-python", default=sys.executable, help="interpreter for the contender (default: this one)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-<date>.json)")
+    p.add_argument("--rollout", action="store_true",
+                   help="also run the rollout case (bench/rollout.py: the engine vs transformers' generate)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: run scaletrain's side
     p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.case_names = [c.strip() for c in a.cases.split(",") if c.strip()]
     unknown = [c for c in a.case_names if c not in CASES]
-    if unknown or not a.case_names:
+    if unknown or not (a.case_names or a.rollout):
         p.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
     a.contender = a.contender or ("eager" if a.tiny else "compile")
     return a
@@ -284,6 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"[gpu] {name} / scaletrain from the compilation cache: first step "
                           f"{again.get('first_step_s') or float('nan'):.1f}s", flush=True)
 
+        rollout = run_rollout(a, os.path.join(work, "rollout")) if a.rollout else None
+
     # only now (every run has ended) does this process start a JAX backend of its own
     import jax
 
@@ -313,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cases": cases,
         "ratios": ratio_values,
         "ratio_notes": notes,
+        "rollout": rollout,
     }
     out = a.out or os.path.join(HERE, "results", f"gpu-{dt.date.today().isoformat()}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -36,6 +36,10 @@ TINY_CASES: dict[str, tuple[int, int, bool]] = {"single": (2, 32, False), "packe
                                                 "long": (1, 64, False), "long32k": (1, 128, False)}
 #: the cases run when ``--cases`` is not given (issue 19's three)
 DEFAULT_CASES = ("single", "packed", "long")
+#: ``bench/gpu.py --rollout``: bench/rollout.py's arguments (random weights of the architecture; both systems
+#: sample ``new`` tokens per row, no early stop, at each batch = prompts x generations)
+ROLLOUT: dict[str, Any] = dict(arch="llama-1b", prompts=16, batches="16,64", new=64, repeats=3)
+TINY_ROLLOUT: dict[str, Any] = dict(arch="tiny", prompts=2, batches="2,4", new=4, repeats=1)
 #: shortest and longest document of a packed row (tokens)
 DOC_LENGTHS, TINY_DOC_LENGTHS = (64, 1024), (4, 16)
 

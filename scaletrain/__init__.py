@@ -53,6 +53,8 @@ _EXPORTS: dict[str, str] = {
     "CPOTrainer": "scaletrain.training.preference_api",
     "KTOConfig": "scaletrain.training.preference_api",
     "KTOTrainer": "scaletrain.training.preference_api",
+    "GRPOConfig": "scaletrain.rl.config",
+    "GRPOTrainer": "scaletrain.rl.trainer",
     "DPOObjective": "scaletrain.objectives.dpo",
     "ORPOObjective": "scaletrain.objectives.orpo",
     "CPOObjective": "scaletrain.objectives.orpo",

@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: ``data`` section keys ``eval`` takes as options (``--text-column`` ...)
+DATA_KEYS = ("text_column", "messages_column", "format", "chat_template", "prompt_column", "chosen_column",
+             "rejected_column", "completion_column", "label_column")
+
+
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     """``eval``: lm-eval's own flag names are accepted as they spell them (``--include_path``) and dashed."""
     ev = sub.add_parser("eval", help="evaluate a run, checkpoint or HF folder: loss on data, lm-eval tasks")
@@ -73,9 +78,15 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--adapter", default=None, help="a PEFT adapter folder to apply to an HF TARGET")
     ev.add_argument("--mesh", default=None, help="mesh axis sizes dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
     ev.add_argument("--data", default=None, help="a data source to score (default for a run: its own eval data)")
-    ev.add_argument("--kind", default="pretrain", help="the data kind (pretrain, chat, ...)")
+    ev.add_argument("--kind", default="pretrain", help="the data kind (pretrain, chat, preference, ...)")
+    ev.add_argument("--objective", default=None, choices=("dpo", "kto", "orpo", "simpo"),
+                    help="preference data: the objective (default: the run's; dpo, or kto for unpaired)")
+    ev.add_argument("--beta", type=float, default=None, help="preference data: the objective's beta")
+    ev.add_argument("--reference", default=None,
+                    help="preference data: the reference model folder (DPO, KTO; default: the run's, or the base "
+                         "with adapters off)")
     ev.add_argument("--split", default="train", help="the split of a Hugging Face dataset folder")
-    for key in ("text_column", "messages_column", "format", "chat_template"):
+    for key in DATA_KEYS:
         ev.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None)
     ev.add_argument("--max-length", type=int, default=None, help="row length (default: the run's, else 2048 at most)")
     ev.add_argument("--max-batches", type=int, default=None, help="score at most this many batches")
@@ -164,16 +175,18 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 def cmd_eval(ns: argparse.Namespace) -> int:
     from scaletrain.eval.command import format_table, parse_mesh, run_eval, write_json
+    from scaletrain.eval.preference_eval import PreferenceOptions
 
     if ns.limit is not None and ns.limit >= 1:
         ns.limit = int(ns.limit)
     report = run_eval(
         ns.target, data=ns.data, kind=ns.kind, split=ns.split,
-        data_keys={k: getattr(ns, k) for k in ("text_column", "messages_column", "format", "chat_template")},
+        data_keys={k: getattr(ns, k) for k in DATA_KEYS},
         tasks=ns.tasks, include_path=ns.include_path, output_path=ns.output_path, log_samples=ns.log_samples,
         limit=ns.limit, num_fewshot=ns.num_fewshot, batch_size=ns.batch_size, max_length=ns.max_length,
         max_batches=ns.max_batches, checkpoint=ns.checkpoint, adapter=ns.adapter, mesh=parse_mesh(ns.mesh),
         progress=not ns.no_progress,
+        preference=PreferenceOptions(objective=ns.objective, beta=ns.beta, reference=ns.reference),
     )
     if "lm_eval_results" in report:
         from lm_eval.utils import make_table

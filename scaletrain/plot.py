@@ -1,4 +1,5 @@
-"""``scaletrain plot RUN_DIR``: loss, learning rate and throughput against step, as a PNG."""
+"""``scaletrain plot RUN_DIR``: loss, learning rate and throughput against step, as a PNG; for a GRPO run
+(records with a ``reward``) the mean reward too, with its running mean over 5 rollouts."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     if not train:
         raise DataError(f"{run_dir}/metrics.jsonl has no train records")
     steps = [r["step"] for r in train]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    rewards = [(r["step"], r["reward"]) for r in train if r.get("reward") is not None]
+    fig, axes = plt.subplots(1, 4 if rewards else 3, figsize=(20 if rewards else 15, 4))
     axes[0].plot(steps, [r["loss"] for r in train], label="train")
     if evals:
         axes[0].plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval")
@@ -57,6 +59,13 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     axes[1].set(title="learning rate", xlabel="step")
     axes[2].plot(steps, [r["tokens_per_s"] for r in train])
     axes[2].set(title="tokens/s", xlabel="step")
+    if rewards:  # GRPO: one figure per rollout (every num_iterations steps)
+        at, values = [s for s, _ in rewards], [v for _, v in rewards]
+        smooth = [sum(values[max(0, i - 4):i + 1]) / len(values[max(0, i - 4):i + 1]) for i in range(len(values))]
+        axes[3].plot(at, values, ".", alpha=0.5, label="reward")
+        axes[3].plot(at, smooth, "-", label="running mean (5)")
+        axes[3].set(title="reward (mean over completions)", xlabel="step")
+        axes[3].legend()
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
     fig.tight_layout()
     out = out or os.path.join(run_dir, "metrics.png")

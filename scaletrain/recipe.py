@@ -80,7 +80,7 @@ class TokenizerSection(BaseModel):
 
 
 class ObjectiveSection(BaseModel):
-    """What training optimises: ``type`` (``lm``, ``dpo``, ``orpo``, ``cpo``, ``simpo``, ``kto``; the registry of
+    """What training optimises: ``type`` (``lm``, ``dpo``, ``orpo``, ``cpo``, ``simpo``, ``kto``, ``grpo``; the registry of
     ``scaletrain.objectives.registry``) and its options under TRL's names (``beta``, ``loss_type``, ...)."""
 
     model_config = ConfigDict(extra="allow")
@@ -225,6 +225,8 @@ class Recipe(BaseModel):
         if want is None and self.data.kind in ("preference", "unpaired_preference"):
             raise ValueError(f"data.kind={self.data.kind!r} serves preference rows; set objective.type to dpo, orpo, "
                              "cpo, simpo or kto")
+        if want is None and self.data.kind == "prompt":
+            raise ValueError("data.kind='prompt' serves prompts to sample completions from; set objective.type: grpo")
         return self
 
     @classmethod

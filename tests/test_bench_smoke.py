@@ -129,3 +129,37 @@ def test_eval_bench_runs_both_models_side_by_side_tiny(tmp_path):
     assert result["max_rel_diff"] < 1e-4 and result["same_greedy"]
     assert result["scaletrain"]["requests_per_s"] > 0 and result["hf"]["requests_per_s"] > 0
     assert "| scaletrain |" in done.stdout
+
+
+def test_preference_bench_runs_scaletrain_steps_and_trl_side_by_side_tiny(tmp_path):
+    """bench/preference.py --tiny: an SFT and a DPO step (frozen reference) in scaletrain's process and TRL's
+    DPOTrainer in its own, on the same pairs; the DPO state holds a reference as large as the weights."""
+    out = tmp_path / "preference.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "preference.py"), "--tiny", "--variants", "sft,dpo-frozen",
+           "--trl", "frozen", "--rounds", "1", "--steps", "1", "--batch", "2", "--batches", "1", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["errors"] == {}
+    ours, trl = record["scaletrain"], record["trl"]["frozen"]
+    for name in ("sft", "dpo-frozen"):
+        assert ours[name]["tokens_per_s"] > 0 and math.isfinite(ours[name]["loss"])
+    assert ours["sft"]["reference_bytes"] == 0 and ours["dpo-frozen"]["reference_bytes"] == ours["sft"]["params_bytes"]
+    assert trl["pairs_per_s"] > 0 and trl["reference_weight_bytes"] > 0
+    assert record["ratios"]["dpo-frozen_vs_sft"] > 0 and record["ratios"]["dpo-frozen_vs_trl_frozen"] > 0
+
+
+def test_gpu_benchmark_rollout_case_tiny_on_cpu(tmp_path):
+    """bench/gpu.py --rollout (alone): bench/rollout.py in its own process, the engine and transformers'
+    generate on the same random tiny model, every batch with both rates, the ratio and the first call."""
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--tiny", "--cases", "", "--rollout",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rollout = json.loads(out.read_text())["rollout"]
+    assert rollout["error"] is None, rollout["error"]
+    assert [row["batch"] for row in rollout["rows"]] == [2, 4]
+    for row in rollout["rows"]:
+        assert row["first_call_s"] > 0 and row["scaletrain_tok_s"] > 0 and row["transformers_tok_s"] > 0
+        assert row["ratio"] == pytest.approx(row["scaletrain_tok_s"] / row["transformers_tok_s"], rel=0.02)

@@ -22,7 +22,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (7, ("scaletrain.compat", "scaletrain.sweep", "scaletrain.distributed")),
     (6, ("scaletrain.launch",)),
     (5, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot",
-         "scaletrain.eval")),
+         "scaletrain.rl", "scaletrain.eval")),
     (4, ("scaletrain.training",)),
     (3, ("scaletrain.objectives",)),
     (2, ("scaletrain.data", "scaletrain.models", "scaletrain.peft", "scaletrain.generation", "scaletrain.arguments")),

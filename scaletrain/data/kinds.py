@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from scaletrain.data.records import BadRows, iter_conversations, iter_texts
 from scaletrain.errors import ConfigError, DataError
 
@@ -157,3 +159,25 @@ register_data_kind(DataKind("preference", column=lambda d: d.chosen_column, buil
                             text_files=False))
 register_data_kind(DataKind("unpaired_preference", column=lambda d: d.completion_column, build=_build_unpaired,
                             text_files=False))
+
+
+def _build_prompt(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
+                  truncation_mode: str) -> LMSplits:
+    """Prompts to sample from (``scaletrain.data.prompts``): ``train`` holds :class:`PromptRow` s, not token rows;
+    only a sampling objective (``objective.type: grpo``) reads them."""
+    from scaletrain.data.prompts import load_prompts
+    from scaletrain.data.splits import LMSplits
+    from scaletrain.data.table import FixedRows
+
+    if data.eval_source:
+        raise DataError("data.eval_source: the prompt kind has no evaluation split (GRPO logs its reward figures "
+                        "every step); drop eval_source")
+    _set_chat_template(data, tokenizer)
+    prompts = load_prompts(data.source, tokenizer, prompt_column=data.prompt_column,
+                           max_prompt_length=data.max_prompt_length, max_rows=data.max_documents)
+    empty = FixedRows({"input_ids": np.zeros((0, 1), np.int32)})
+    return LMSplits(train=prompts, eval=empty, eval_bytes_per_token=float("nan"),  # type: ignore[arg-type]
+                    stats={"prompts": len(prompts), "prompt_tokens_max": max(len(p.prompt_ids) for p in prompts)})
+
+
+register_data_kind(DataKind("prompt", column=lambda d: d.prompt_column, build=_build_prompt, text_files=False))

@@ -32,8 +32,12 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
              output_path: str | None = None, log_samples: bool = False, limit: float | None = None,
              num_fewshot: int | None = None, batch_size: int | None = None, max_length: int | None = None,
              max_batches: int | None = None, checkpoint: int | None = None, adapter: str | None = None,
-             mesh: tuple[int, ...] | None = None, progress: bool = True) -> dict[str, Any]:
+             mesh: tuple[int, ...] | None = None, progress: bool = True,
+             preference: Any = None) -> dict[str, Any]:
     """Evaluate ``target`` as the command line says; returns ``{"target", "step", "data"?, "tasks"?}``.
+
+    ``preference``: the :class:`~scaletrain.eval.preference_eval.PreferenceOptions` (objective, β,
+    reference) that score preference data; None keeps the run's or the defaults.
 
     Bad input is refused before the model loads where it can be (a missing target or data file, an
     unknown task), each as one ConfigError.
@@ -51,7 +55,11 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
                           "`scaletrain train` knows its own eval data)")
     manager = task_manager(task_list(tasks), include_path) if tasks else None
     from scaletrain.eval.data_eval import source_section
+    from scaletrain.eval.preference_eval import PreferenceOptions, check_options
 
+    preference = preference or PreferenceOptions()
+    if data is not None:
+        check_options(kind, preference)
     section = None if data is None else source_section(  # a bad kind or format is refused before loading
         data, kind=kind, split=split, **{k: v for k, v in (data_keys or {}).items() if v is not None})
     from scaletrain.eval.targets import load_target
@@ -59,7 +67,7 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
     loaded = load_target(target, step=checkpoint, adapter=adapter, mesh=mesh)
     report: dict[str, Any] = {"target": target, "step": loaded.step}
     if data is not None or tasks is None:
-        report["data"] = _data_figures(loaded, section, batch_size, max_length, max_batches, progress)
+        report["data"] = _data_figures(loaded, section, batch_size, max_length, max_batches, progress, preference)
     if tasks:
         from scaletrain.eval.harness import flat_metrics, run_tasks
         from scaletrain.eval.lm_eval_model import ScaletrainLM
@@ -80,7 +88,7 @@ def _glob_exists(pattern: str) -> bool:
 
 
 def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length: int | None,
-                  max_batches: int | None, progress: bool) -> dict[str, Any]:
+                  max_batches: int | None, progress: bool, preference: Any = None) -> dict[str, Any]:
     """Figures of ``section`` (the ``--data`` source), or of the run's own eval data when it is None."""
     from scaletrain.data.config import DataSection
     from scaletrain.eval.data_eval import EvalSettings, eval_rows, evaluate_rows
@@ -100,9 +108,23 @@ def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length:
                                 max_batches=max_batches)
     section = DataSection(**recipe["data"]) if own else section
     rows, bytes_per_token = eval_rows(section, loaded.tokenizer, settings)
-    figures = evaluate_rows(loaded.model, rows, settings, bytes_per_token, progress=progress)
-    return {"source": section.eval_source or section.source, "kind": section.kind, "rows": len(rows),
-            "batch_size": settings.batch_size, "max_length": settings.max_length, **figures}
+    head = {"source": section.eval_source or section.source, "kind": section.kind, "rows": len(rows),
+            "batch_size": settings.batch_size, "max_length": settings.max_length}
+    from scaletrain.eval.preference_eval import PREFERENCE_KINDS, PreferenceOptions, check_options, preference_scoring
+
+    preference = preference or PreferenceOptions()
+    if own:  # the kind was known only now
+        check_options(section.kind, preference)
+    if section.kind not in PREFERENCE_KINDS:
+        return {**head, **evaluate_rows(loaded.model, rows, settings, bytes_per_token, progress=progress)}
+    from scaletrain.models.factory import place_model
+
+    loaded.model, mesh = place_model(loaded.model)
+    scoring = preference_scoring(loaded, section.kind, preference, mesh)
+    figures = evaluate_rows(loaded.model, rows, settings, None, progress=progress, objective=scoring.objective,
+                            frozen_models=scoring.frozen_models)
+    head.update(objective=scoring.objective.name, beta=scoring.objective.beta, reference=scoring.reference)
+    return {**head, **figures}
 
 
 def format_table(report: dict[str, Any]) -> str:

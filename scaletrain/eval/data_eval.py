@@ -78,21 +78,26 @@ def eval_rows(section: Any, tokenizer: Any, settings: EvalSettings) -> tuple[Any
 
 
 def evaluate_rows(model: Any, rows: Any, settings: EvalSettings, bytes_per_token: float | None = None,
-                  progress: bool = False, objective: Any = None) -> dict[str, float]:
+                  progress: bool = False, objective: Any = None,
+                  frozen_models: dict[str, Any] | None = None) -> dict[str, float]:
     """``eval_loss``, ``eval_accuracy``, ``eval_perplexity``, ``eval_tokens`` (and ``eval_bits_per_byte``).
 
     The rows are served in order, the last batch padded, and summed on the devices in the
     Trainer's order with its ``eval_step`` (over the model's own mesh, the batch split as a
     run splits it); ``eval_seconds`` is the wall time.
     """
-    return RowsEvaluator(model, settings, objective)(model, rows, bytes_per_token, progress)
+    return RowsEvaluator(model, settings, objective, frozen_models)(model, rows, bytes_per_token, progress)
 
 
 class RowsEvaluator:
     """The Trainer's jitted ``eval_step`` for one model's structure and mesh, built once and called on any
-    state of it (in-loop evaluation scores a new state every time without compiling again)."""
+    state of it (in-loop evaluation scores a new state every time without compiling again).
 
-    def __init__(self, model: Any, settings: EvalSettings, objective: Any = None):
+    ``frozen_models``: what the objective reads beside the model (a preference objective's
+    ``"reference"``), held in the state as a run holds them."""
+
+    def __init__(self, model: Any, settings: EvalSettings, objective: Any = None,
+                 frozen_models: dict[str, Any] | None = None):
         import optax
         from jax.sharding import NamedSharding, PartitionSpec
 
@@ -113,7 +118,8 @@ class RowsEvaluator:
             chunk = resolve_chunk_size(settings.loss_chunk_size, model.config.vocab_size, settings.max_length)
             objective = LanguageModelObjective(chunk_size=chunk)
         self.objective = objective
-        state = create_train_state(model, optax.identity(), self.mesh)
+        self.frozen_models = dict(frozen_models or {})
+        state = create_train_state(model, optax.identity(), self.mesh).replace(frozen_models=self.frozen_models)
         _, self.step = make_step_functions(optax.identity(), state_shardings(state), self.sharding,
                                            NamedSharding(self.mesh, PartitionSpec()), objective,
                                            settings.micro_batches)
@@ -124,12 +130,15 @@ class RowsEvaluator:
         import jax.numpy as jnp
         import optax
 
+        import numpy as np
+
         from scaletrain.data.loader import make_batch_iterator, steps_per_epoch
         from scaletrain.training.state import create_train_state
+        from scaletrain.training.steps import rank_sharding
 
         start = time.perf_counter()
         s = self.settings
-        state = create_train_state(model, optax.identity(), self.mesh)
+        state = create_train_state(model, optax.identity(), self.mesh).replace(frozen_models=self.frozen_models)
         batches = make_batch_iterator(rows, s.batch_size, seed=s.seed, shuffle=False, num_epochs=1,
                                       drop_remainder=False, max_length=s.max_length,
                                       truncation_mode=s.truncation_mode)
@@ -141,7 +150,8 @@ class RowsEvaluator:
             for i, batch in enumerate(batches):
                 if i >= total:
                     break
-                placed = {k: jax.make_array_from_process_local_data(self.sharding, v) for k, v in batch.items()}
+                placed = {k: jax.make_array_from_process_local_data(rank_sharding(self.sharding, np.ndim(v)), v)
+                          for k, v in batch.items()}  # per-row columns (KTO's label) are rank 1
                 sums = self.step(state, placed)
                 acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
                 if bar is not None:

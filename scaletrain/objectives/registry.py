@@ -159,6 +159,16 @@ register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", ()
 register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _PREFERENCE_TRAINER))
 
 
+def _register_grpo() -> None:
+    from scaletrain.objectives.grpo_options import TRAINER_OPTIONS, GRPOOptions, build_grpo_objective
+
+    register_objective(ObjectiveType("grpo", GRPOOptions, build_grpo_objective, "prompt", TRAINER_OPTIONS,
+                                     "scaletrain.rl.trainer:GRPOTrainer"))
+
+
+_register_grpo()
+
+
 def validate_options(kind: str, options: dict[str, Any] | BaseModel) -> BaseModel:
     """``options`` validated by ``kind``'s options model; ConfigError naming ``objective.<field>``."""
     from pydantic import ValidationError

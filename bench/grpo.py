@@ -1,0 +1,109 @@
+"""One whole GRPO step (rollout, rewards, update): scaletrain's ``GRPOTrainer`` against TRL 1.16's, side by side.
+
+``python bench/grpo.py [--model DIR] [--prompts examples/grpo/prompts.jsonl] [--batch 16]
+[--num-generations 4] [--max-completion-length 32] [--steps 8] [--warmup 2] [--only trl,scaletrain]``
+
+Both contenders train the same model (a local Hugging Face folder; default the converted
+SmolLM2-135M-Instruct in ``~/.cache/scaletrain``), full fine-tuning in float32, on the same
+prompt rows (the GRPO example's arithmetic questions) with the same reward
+(``exact_answer``, which has TRL's signature), ``--batch`` completions per step in groups of
+``--num-generations``, at most ``--max-completion-length`` tokens at temperature 1 (both stop at
+the end-of-turn token, so each reports its mean completion length), ``beta`` 0, DAPO's loss,
+one generation per step. TRL generates with transformers (no vLLM). Each runs in its own
+process, one after the other (never at once), so neither shares threads, allocators or a JIT
+cache with the other. A step's time is the wall time between the ends of consecutive steps;
+reported is the median over the steps after ``--warmup`` (the first includes compilation,
+reported apart). Writes ``--out`` (default ``bench/results/grpo-<date>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_MODEL = os.path.expanduser("~/.cache/scaletrain/smollm2-135m-instruct")
+CONTENDERS = {"trl": "trl_grpo.py", "scaletrain": "scaletrain_grpo.py"}
+
+
+def load_rows(path: str, count: int) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows[:count]]
+
+
+def run_contender(name: str, case: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """Run one contender in its own process; its result JSON."""
+    config, out = os.path.join(workdir, "case.json"), os.path.join(workdir, f"{name}.json")
+    with open(config, "w") as f:
+        json.dump(case, f)
+    cmd = [sys.executable, os.path.join(HERE, "contenders", CONTENDERS[name]), "--config", config, "--out", out]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def summarise(result: dict[str, Any], warmup: int, batch: int) -> dict[str, Any]:
+    steps = result["step_s"]
+    steady = steps[warmup:]
+    median = statistics.median(steady)
+    return {"first_step_s": round(steps[0], 2), "median_step_s": round(median, 3), "steps_per_s": round(1 / median, 4),
+            "completions_per_s": round(batch / median, 2), "step_s": [round(s, 3) for s in steps],
+            "mean_completion_length": [round(x, 2) for x in result["mean_completion_length"]],
+            **{k: v for k, v in result.items() if k not in ("step_s", "mean_completion_length")}}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--prompts", default=os.path.join(ROOT, "examples", "grpo", "prompts.jsonl"))
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--max-completion-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--learning-rate", type=float, default=1e-6)
+    p.add_argument("--only", default="trl,scaletrain")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    if a.steps <= a.warmup:
+        raise SystemExit(f"--steps {a.steps} must exceed --warmup {a.warmup}")
+    case = {"model": a.model, "rows": load_rows(a.prompts, 4 * a.batch), "batch": a.batch,
+            "num_generations": a.num_generations, "max_completion_length": a.max_completion_length,
+            "steps": a.steps, "learning_rate": a.learning_rate}
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as workdir:
+        for name in a.only.split(","):
+            rows[name] = summarise(run_contender(name, case, workdir), a.warmup, a.batch)
+            r = rows[name]
+            print(f"{name:>10}: {r['median_step_s']:.2f} s/step median after {a.warmup} (first {r['first_step_s']:.1f} s), "
+                  f"{r['completions_per_s']:.2f} completions/s, mean completion length "
+                  f"{statistics.mean(r['mean_completion_length'] or [0]):.1f}", flush=True)
+    result = {"model": a.model, "batch": a.batch, "num_generations": a.num_generations,
+              "max_completion_length": a.max_completion_length, "steps": a.steps, "warmup": a.warmup,
+              "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "contenders": rows,
+              "command": "python bench/grpo.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    if "trl" in rows and "scaletrain" in rows:
+        result["steps_per_s_ratio"] = round(rows["scaletrain"]["steps_per_s"] / rows["trl"]["steps_per_s"], 2)
+        print(f"scaletrain / TRL steps per second: {result['steps_per_s_ratio']:.2f}x")
+    out = a.out or os.path.join(HERE, "results", f"grpo-{dt.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""GRPO (and DAPO, Dr. GRPO, BNPO, GSPO) as an :class:`~scaletrain.objectives.Objective`, with TRL 1.16's loss.
+
+A GRPO batch is a rollout batch scored and ready to learn from (``scaletrain.rl`` builds it):
+
+- ``input_ids`` / ``segment_ids`` / ``positions`` [N, P + C]: each completion after its
+  left-padded prompt, as the rollout engine laid them out;
+- ``completion_mask`` [N, C]: 1 on the completion tokens that count (a truncated completion's
+  are 0 with ``mask_truncated_completions``);
+- ``advantages`` [N]: the group-normalised rewards (``scaletrain.rl.advantages``);
+- ``old_logps`` [N, C] when ``num_iterations > 1`` (the policy that sampled, scored by the
+  trainer's forward before the first update); with one iteration the current log-probabilities,
+  held constant, stand in for them, as in TRL, so the ratio is exactly 1;
+- ``ref_logps`` [N, C] when ``beta != 0``; ``importance_sampling_ratio`` [N, C] or [N, 1] with
+  ``vllm_importance_sampling_correction``.
+
+Why sums: ``grpo`` and ``dr_grpo`` average over completions (the sum of per-row figures,
+divided by the batch's completions), ``bnpo`` and ``dapo`` over the whole batch's completion
+tokens; either way the step adds micro-batches and divides once, so accumulation gives the
+loss of the whole batch. (TRL's ``bnpo`` and ``grpo`` average per micro-batch instead; with one
+micro-batch the figures are equal.) The figures are TRL's: ``kl``, ``entropy``,
+``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from scaletrain.objectives.base import Batch, Sums
+from scaletrain.objectives.grpo_loss import GRPOLossConfig, loss_sum, normaliser_key, per_token_terms
+from scaletrain.objectives.pair_metrics import eval_figures, step_figures, zeros
+from scaletrain.objectives.token_logps import completion_token_stats
+
+Array = jax.Array
+ROW_KEYS = ("input_ids", "segment_ids", "positions", "completion_mask", "advantages")
+_SUMS = ("loss", "sequences", "tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", "clip_count")
+
+
+def figures() -> dict[str, tuple[str, str]]:
+    """TRL's figure names -> (sum, count). The clip ratios count tokens, or completions at the sequence level
+    (one weight per completion, as TRL's ``global_masked_mean`` counts them)."""
+    return {
+        "kl": ("kl", "tokens"),
+        "entropy": ("entropy", "tokens"),
+        "clip_ratio/low_mean": ("clip_low", "clip_count"),
+        "clip_ratio/high_mean": ("clip_high", "clip_count"),
+        "clip_ratio/region_mean": ("clip_region", "clip_count"),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOObjective:
+    """TRL 1.16's GRPO loss over GRPO batches (see the module docstring); ``loss`` holds its options."""
+
+    loss: GRPOLossConfig = GRPOLossConfig()
+    temperature: float = 1.0
+    num_iterations: int = 1
+    importance_sampling_correction: bool = False
+
+    name: ClassVar[str] = "grpo"
+    frozen_models: ClassVar[tuple[str, ...]] = ()
+    logged_metrics: ClassVar[tuple[str, ...]] = ("kl", "entropy", "reward", "reward_std", "frac_reward_zero_std")
+
+    @property
+    def normaliser(self) -> str:
+        return normaliser_key(self.loss.loss_type)
+
+    @property
+    def batch_keys(self) -> tuple[str, ...]:
+        keys = ROW_KEYS
+        if self.num_iterations > 1:
+            keys += ("old_logps",)
+        if self.loss.beta != 0.0:
+            keys += ("ref_logps",)
+        if self.importance_sampling_correction:
+            keys += ("importance_sampling_ratio",)
+        return keys
+
+    def loss_and_sums(self, model: Any, batch: Batch, frozen: Mapping[str, Any]) -> tuple[Array, Sums]:
+        mask = batch["completion_mask"].astype(jnp.float32)
+        logps, entropy = completion_token_stats(model, batch["input_ids"], batch["segment_ids"], batch["positions"],
+                                                mask.shape[1], self.temperature)
+        return self.sums_from_logps(logps, entropy, batch, mask)
+
+    def sums_from_logps(self, logps: Array, entropy: Array, batch: Batch, mask: Array) -> tuple[Array, Sums]:
+        """The loss and sums given the current per-token log-probabilities (the part the TRL test checks)."""
+        sg = jax.lax.stop_gradient
+        old = batch["old_logps"] if self.num_iterations > 1 else sg(logps)
+        terms = per_token_terms(self.loss, logps, old, batch["advantages"].astype(jnp.float32), mask,
+                                ref=batch.get("ref_logps") if self.loss.beta != 0.0 else None,
+                                is_ratio=batch.get("importance_sampling_ratio")
+                                if self.importance_sampling_correction else None)
+        loss = loss_sum(self.loss, terms.loss, mask)
+        tokens = jnp.sum(mask)
+        rows = jnp.asarray(mask.shape[0], jnp.float32)
+        if terms.coef.shape[1] == 1:  # one weight per completion
+            weight, count = jnp.ones_like(terms.coef), rows
+        else:
+            weight, count = mask, tokens
+        region = jnp.maximum(terms.low_clipped, terms.high_clipped)
+        return loss, {
+            "loss": sg(loss),
+            "sequences": rows,
+            "tokens": tokens,
+            "kl": jnp.zeros((), jnp.float32) if terms.kl is None else sg(jnp.sum(terms.kl * mask)),
+            "entropy": sg(jnp.sum(entropy * mask)),
+            "clip_low": jnp.sum(terms.low_clipped * weight),
+            "clip_high": jnp.sum(terms.high_clipped * weight),
+            "clip_region": jnp.sum(region * weight),
+            "clip_count": count,
+        }
+
+    def zero_sums(self, model: Any) -> Sums:
+        return zeros(_SUMS)
+
+    def step_metrics(self, sums: Sums, denom: Array) -> dict[str, Array]:
+        return {"loss": sums["loss"] / denom, **step_figures(sums, figures())}
+
+    def eval_metrics(self, totals: Mapping[str, Any], bytes_per_token: float | None = None) -> dict[str, float]:
+        denom = max(float(totals[self.normaliser]), 1.0)
+        return {"eval_loss": float(totals["loss"]) / denom,
+                **eval_figures(totals, figures())}

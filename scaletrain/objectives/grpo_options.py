@@ -1,0 +1,128 @@
+"""GRPO's options (``objective: {type: grpo, ...}``, ``GRPOConfig``) under TRL 1.16's names and defaults.
+
+Why one pydantic model for the recipe and Python: a bad value is one error naming
+``objective.<field>``, and the run wiring, the objective and the rollout read the same
+validated values. EasyDeL's ``GRPOConfig`` uses the same names for what they share
+(``num_generations``, ``max_prompt_length``, ``max_completion_length``, ``temperature``, ``beta``).
+
+Two defaults differ from TRL's on purpose: ``vllm_importance_sampling_correction`` is off
+(TRL applies it only with vLLM; our sampler runs the trainer's own forward, so sampler and
+trainer agree and the correction is an option for reduced-precision runs), and
+``max_completion_length`` is 256 (TRL: 512) to suit a CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from scaletrain.objectives.grpo_loss import IMPORTANCE_SAMPLING_LEVELS, IS_MODES, LOSS_TYPES, SCALE_REWARDS
+
+
+class GRPOOptions(BaseModel):
+    """Every GRPO option; see TRL's ``GRPOConfig`` for the meaning of each shared name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # rollouts
+    num_generations: int = Field(8, ge=2)
+    max_prompt_length: int | None = Field(None, ge=1)  # the last tokens of a longer prompt are kept
+    max_completion_length: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)  # 0: no top-k
+    # rewards
+    reward_funcs: list[Any] = Field(default_factory=list)
+    reward_weights: list[float] | None = None
+    scale_rewards: str = "group"
+    # the loss
+    loss_type: str = "dapo"
+    importance_sampling_level: str = "token"
+    epsilon: float = Field(0.2, ge=0)
+    epsilon_high: float | None = Field(None, ge=0)
+    delta: float | None = Field(None, gt=0)
+    beta: float = Field(0.0, ge=0)
+    use_bias_correction_kl: bool = True
+    num_iterations: int = Field(1, ge=1)
+    mask_truncated_completions: bool = False
+    reference: str | None = None  # with beta > 0: a model folder; unset: the starting policy (LoRA: adapters off)
+    # sampler vs trainer (TRL's names, kept although no vLLM is involved)
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+    # what a person reads
+    log_completions: bool = True
+    log_completions_steps: int = Field(10, ge=1)  # completions.jsonl every this many steps
+    num_completions_to_print: int | None = Field(None, ge=1)  # rows written each time (None: all)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _easydel_names(cls, data: Any) -> Any:
+        """EasyDeL's ``num_return_sequences`` is ``num_generations``."""
+        if isinstance(data, dict) and "num_return_sequences" in data:
+            data = dict(data)
+            value = data.pop("num_return_sequences")
+            data.setdefault("num_generations", value)
+        return data
+
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _one_or_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (str, dict)) or callable(value) else value
+
+    @field_validator("loss_type")
+    @classmethod
+    def _loss_type(cls, value: str) -> str:
+        return _one_of(value, LOSS_TYPES)
+
+    @field_validator("importance_sampling_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        return _one_of(value, IMPORTANCE_SAMPLING_LEVELS)
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale(cls, value: Any) -> Any:
+        # TRL accepts the old booleans: True is "group", False is "none"
+        if isinstance(value, bool):
+            return "group" if value else "none"
+        return _one_of(value, SCALE_REWARDS)
+
+    @field_validator("vllm_importance_sampling_mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        return _one_of(value, IS_MODES)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GRPOOptions":
+        if self.reward_weights is not None and self.reward_funcs and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} values but reward_funcs lists "
+                             f"{len(self.reward_funcs)} functions")
+        if self.reference is not None and self.beta == 0.0:
+            raise ValueError("reference is read only for the KL term: set beta > 0 or drop reference")
+        return self
+
+
+def _one_of(value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{value!r} is not one of {list(allowed)}")
+    return value
+
+
+def build_grpo_objective(o: GRPOOptions) -> Any:
+    """The :class:`~scaletrain.objectives.grpo.GRPOObjective` of validated options."""
+    from scaletrain.objectives.grpo import GRPOObjective
+    from scaletrain.objectives.grpo_loss import GRPOLossConfig
+
+    loss = GRPOLossConfig(loss_type=o.loss_type, importance_sampling_level=o.importance_sampling_level,
+                          epsilon=o.epsilon, epsilon_high=o.epsilon_high, delta=o.delta, beta=o.beta,
+                          use_bias_correction_kl=o.use_bias_correction_kl,
+                          max_completion_length=o.max_completion_length)
+    return GRPOObjective(loss=loss, temperature=o.temperature, num_iterations=o.num_iterations,
+                         importance_sampling_correction=o.vllm_importance_sampling_correction)
+
+
+#: the options handed to the GRPO trainer (all of them: it samples, scores and records them in checkpoints)
+TRAINER_OPTIONS = tuple(GRPOOptions.model_fields)

@@ -1,0 +1,39 @@
+"""Per-token log-probabilities and entropies of completions that follow a left-padded prompt.
+
+Why: GRPO scores every completion token (its ratio and KL are per token), where the
+preference objectives sum them per row (:mod:`~scaletrain.objectives.logps`). A row is laid
+out as the rollout engine returns it: the prompt left-padded to P columns, then the
+completion (C columns, right-padded), so the logits predicting the completion are those of
+positions ``P - 1 .. P + C - 2`` and only those are computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def completion_token_stats(model: Any, input_ids: Array, segment_ids: Array, positions: Array,
+                           completion_width: int, temperature: float = 1.0) -> tuple[Array, Array]:
+    """``(log_probs, entropies)`` [N, C] of the last ``completion_width`` tokens of each row under
+    ``softmax(logits / temperature)`` (float32), the distribution TRL's GRPO trainer scores with.
+
+    ``temperature`` 0 or None (greedy sampling) scores at 1. Values under padding are computed
+    but meaningless: callers mask them.
+    """
+    p = input_ids.shape[1] - completion_width
+    hidden = model.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)
+    logits = model.compute_logits(hidden[:, p - 1:-1]).astype(jnp.float32)
+    t = 1.0 if temperature is None or temperature <= 0 else float(temperature)
+    if t != 1.0:
+        logits = logits / t
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target = input_ids[:, p:].astype(jnp.int32)
+    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0] - log_z
+    probs = jnp.exp(logits - log_z[..., None])
+    entropy = log_z - jnp.sum(probs * logits, axis=-1)
+    return picked, jax.lax.stop_gradient(entropy)

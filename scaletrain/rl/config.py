@@ -1,0 +1,41 @@
+"""``GRPOConfig``: ``TrainingArguments`` plus GRPO's options, under TRL's and EasyDeL's names.
+
+Why the options sit in a field (``grpo``) rather than beside the training arguments: one name
+means two things. TRL's ``GRPOConfig.epsilon`` is the clipping range (its Adam epsilon is
+``adam_epsilon``), ours ``TrainingArguments.epsilon`` is Adam's. So here ``epsilon`` is taken as
+TRL means it, the clip, and Adam's is ``adam_epsilon`` (translated as everywhere else); every
+other GRPO name (``num_generations``, ``beta``, ``loss_type``, ``scale_rewards``,
+``max_completion_length``, EasyDeL's ``num_return_sequences``, ...) goes to ``grpo`` too, and the
+rest are training arguments with their usual table of other names (``max_steps``,
+``per_device_train_batch_size``, ...). ``config.grpo.beta`` reads an option back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from scaletrain.arguments import TrainingArguments
+from scaletrain.objectives.grpo_options import GRPOOptions
+
+_GRPO_NAMES = frozenset(GRPOOptions.model_fields) | {"num_return_sequences"}
+
+
+class GRPOConfig(TrainingArguments):
+    """TrainingArguments with the GRPO options in ``grpo`` (see the module docstring)."""
+
+    grpo: GRPOOptions = Field(default_factory=GRPOOptions)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _split(cls, data: Any, handler: Any) -> Any:
+        # wrap: the GRPO names leave before TrainingArguments reads the rest (and translates adam_epsilon)
+        if isinstance(data, dict):
+            data = dict(data)
+            given = data.pop("grpo", None)
+            picked = {k: data.pop(k) for k in list(data) if k in _GRPO_NAMES}
+            if isinstance(given, GRPOOptions):
+                given = given.model_dump()
+            data["grpo"] = GRPOOptions(**{**(given or {}), **picked})
+        return handler(data)

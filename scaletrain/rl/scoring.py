@@ -1,0 +1,102 @@
+"""From a rollout's host arrays to rewards, figures and the GRPO objective's batch.
+
+Why host-side and apart from the trainer: rewards are Python callables over text, so a rollout
+is read to the host once per step anyway; what is done with it there (decode, score, group
+advantages, mask truncated completions, the sampler-vs-trainer check, the figures under TRL's
+names) is plain array work that the tests check without a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from scaletrain.data.prompts import PromptRow, is_messages
+from scaletrain.rl.advantages import Advantages, group_advantages
+from scaletrain.rl.batch import truncated_mask
+from scaletrain.rl.rewards import RewardFunction, score
+
+
+def decode(tokenizer: Any, completion_ids: np.ndarray, lengths: np.ndarray, conversational: bool) -> list[Any]:
+    """Each completion's text (special tokens dropped, as TRL decodes), or ``[{"role": "assistant", ...}]``
+    for conversational prompts."""
+    texts = [tokenizer.decode([int(t) for t in row[:n]], skip_special_tokens=True)
+             for row, n in zip(completion_ids, lengths)]
+    return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+
+
+def reward_inputs(prompts: Sequence[PromptRow], num_generations: int, completion_ids: np.ndarray,
+                  lengths: np.ndarray) -> tuple[list[Any], dict[str, list[Any]]]:
+    """``(prompts, columns)`` for the reward functions: each prompt and each of its columns repeated for its
+    ``num_generations`` completions (the first row's columns, as TRL takes them), plus ``completion_ids``."""
+    repeated = [p for p in prompts for _ in range(num_generations)]
+    keys = list(prompts[0].columns) if prompts else []
+    columns: dict[str, list[Any]] = {k: [p.columns.get(k) for p in repeated] for k in keys}
+    columns["completion_ids"] = [[int(t) for t in row[:n]] for row, n in zip(completion_ids, lengths)]
+    return [p.prompt for p in repeated], columns
+
+
+def rewards_and_advantages(funcs: Sequence[RewardFunction], weights: Sequence[float], prompts: list[Any],
+                           completions: list[Any], columns: dict[str, list[Any]], num_generations: int,
+                           scale_rewards: str) -> tuple[np.ndarray, Advantages]:
+    """``([N, F] rewards, advantages and reward figures)``."""
+    per_func = score(funcs, prompts, completions, columns)
+    return per_func, group_advantages(per_func, weights, num_generations, scale_rewards, [f.name for f in funcs])
+
+
+def completion_metrics(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, float]:
+    """TRL's ``completions/*``: lengths (stop token counted) and the share cut at ``max_completion_length``."""
+    lengths = np.asarray(lengths, np.float64)
+    truncated = np.asarray(truncated, bool)
+    ended = lengths[~truncated] if (~truncated).any() else np.zeros(1)
+    return {
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": float(lengths.min()),
+        "completions/max_length": float(lengths.max()),
+        "completions/clipped_ratio": float(truncated.mean()),
+        "completions/mean_terminated_length": float(ended.mean()),
+        "completions/min_terminated_length": float(ended.min()),
+        "completions/max_terminated_length": float(ended.max()),
+    }
+
+
+def logprob_diff(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """``rollout/logprob_diff_max`` and ``_mean``: how far the sampler's log-probabilities of its tokens are from
+    the trainer's forward over the same tokens (0 for an exactly on-policy rollout)."""
+    keep = np.asarray(mask) != 0
+    diff = np.abs(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64))[keep]
+    if diff.size == 0:
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
+    return {"rollout/logprob_diff_max": float(diff.max()), "rollout/logprob_diff_mean": float(diff.mean())}
+
+
+def objective_batch(input_ids: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray,
+                    completion_mask: np.ndarray, truncated: np.ndarray, advantages: np.ndarray,
+                    mask_truncated_completions: bool, extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The GRPO objective's batch (``scaletrain.objectives.grpo``): rows, the loss mask (truncated completions
+    zeroed with ``mask_truncated_completions``), advantages, and ``extra`` (old / reference log-probs,
+    importance-sampling ratio)."""
+    mask = np.asarray(completion_mask, np.float32)
+    if mask_truncated_completions:
+        mask = truncated_mask(mask, truncated)
+    return {"input_ids": np.asarray(input_ids, np.int32), "segment_ids": np.asarray(segment_ids, np.int32),
+            "positions": np.asarray(positions, np.int32), "completion_mask": mask,
+            "advantages": np.asarray(advantages, np.float32), **extra}
+
+
+def completion_records(step: int, prompts: list[Any], completions: list[Any], rewards: np.ndarray,
+                       names: Sequence[str], advantages: np.ndarray, limit: int | None) -> list[dict[str, Any]]:
+    """Rows of ``completions.jsonl`` (what a person reads): step, prompt, completion, each reward, advantage."""
+    out = []
+    for i in range(len(completions) if limit is None else min(limit, len(completions))):
+        completion = completions[i]
+        out.append({
+            "step": step,
+            "prompt": prompts[i],
+            "completion": completion[-1]["content"] if is_messages(completion) else completion,
+            "rewards": {n: (None if np.isnan(rewards[i, j]) else float(rewards[i, j])) for j, n in enumerate(names)},
+            "advantage": float(advantages[i]),
+        })
+    return out

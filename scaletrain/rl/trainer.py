@@ -1,0 +1,360 @@
+"""``GRPOTrainer``: the Trainer's loop, checkpoints and callbacks, with a step that samples before it learns.
+
+One step: sample ``num_generations`` completions of each of the step's prompts from the live
+training state (``scaletrain.generation``: no copy, no weight sync), score the sampled tokens
+with the trainer's own forward (the old log-probabilities, and the sampler-vs-trainer check
+``rollout/logprob_diff_*``) and, with ``beta > 0``, with the reference; run the reward
+functions, form group advantages, and take one optimizer step of the GRPO objective
+(``scaletrain.objectives.grpo``). With ``num_iterations`` = μ the rollout batch is reused for μ
+steps, its old log-probabilities stored. Figures under TRL's names, the time split
+(``time/rollout``, ``time/reference``, ``time/rewards``, ``time/update``), rollout tokens/s, and
+``completions.jsonl`` every ``log_completions_steps`` steps.
+
+``training.total_batch_size`` counts completions, as TRL's batch does: a step samples
+``total_batch_size / num_generations`` prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
+from scaletrain.errors import ConfigError, DataError
+from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
+from scaletrain.objectives.grpo_loss import importance_sampling_ratio
+from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
+from scaletrain.objectives.reference import adapters_off
+from scaletrain.objectives.registry import validate_options
+from scaletrain.objectives.token_logps import completion_token_stats
+from scaletrain.rl.config import GRPOConfig
+from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
+from scaletrain.rl import rollout_store
+from scaletrain.rl.rewards import load_rewards
+from scaletrain.rl.scoring import (
+    completion_metrics,
+    completion_records,
+    decode,
+    logprob_diff,
+    objective_batch,
+    reward_inputs,
+    rewards_and_advantages,
+)
+from scaletrain.training.base import batch_sharding
+from scaletrain.training.checkpoint import Checkpointer, read_meta
+from scaletrain.training.metrics import peak_flops_per_device
+from scaletrain.training.protocol import TrainerConfigureDataloaderOutput, TrainerConfigureFunctionOutput
+from scaletrain.training.reference import (
+    POLICY_COPY,
+    check_reference,
+    copy_of,
+    default_source,
+    load_reference_folder,
+    reference_record,
+)
+from scaletrain.training.state import FrozenModel, TrainState, state_shardings
+from scaletrain.training.steps import train_step
+from scaletrain.training.trainer import Trainer
+
+logger = logging.getLogger("scaletrain")
+
+
+@dataclasses.dataclass
+class _Scored:
+    """A rollout made into the objective's batch (placed on the devices), with its figures; ``host``: the same
+    batch on the host and the prompt batch ``(epoch, index)`` it came from, what a checkpoint stores."""
+
+    batch: dict[str, jax.Array]
+    metrics: dict[str, float]
+    host: dict[str, np.ndarray]
+    epoch: int
+    index: int
+
+
+def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
+    return nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
+
+
+def _one_of(**named: Any) -> Any:
+    """The one argument given among names for the same thing (TRL's and ours); ConfigError for two."""
+    given = [k for k, v in named.items() if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give {given[0]!r} or {given[1]!r}, not both (the same argument under two names)")
+    return named[given[0]] if given else None
+
+
+def check_batch_size(total_batch_size: int, num_generations: int) -> int:
+    """Prompts per step; ConfigError unless ``num_generations`` divides ``training.total_batch_size``."""
+    if total_batch_size % num_generations:
+        raise ConfigError(f"training.total_batch_size={total_batch_size} counts completions and must be a multiple "
+                          f"of objective.num_generations={num_generations} (each prompt's completions form a group)")
+    return total_batch_size // num_generations
+
+
+class GRPOTrainer(Trainer):
+    """GRPO and its variants over prompts (see the module docstring).
+
+    TRL's argument names (``model``, ``reward_funcs``, ``args``, ``train_dataset``, ``processing_class``) or
+    ours (``arguments``, ``dataset_train``, ``tokenizer``). ``args``: a :class:`GRPOConfig` (its ``grpo``
+    options), or ``TrainingArguments`` with the GRPO options in ``options`` or as keywords.
+    ``train_dataset``: :class:`~scaletrain.data.prompts.PromptRow` s, or prompt rows (a JSONL / Parquet /
+    CSV path, dicts, a ``datasets.Dataset``) that the tokenizer turns into them. ``reward_funcs``:
+    callables or recipe entries (``scaletrain.rl.rewards``); default ``options.reward_funcs``.
+    """
+
+    def __init__(self, model: Any = None, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, *, arguments: Any = None,
+                 dataset_train: Any = None, dataset_eval: Any = None, tokenizer: Any = None,
+                 options: GRPOOptions | dict[str, Any] | None = None, objective: Any = None,
+                 eval_bytes_per_token: float | None = None, **kwargs: Any):
+        arguments = _one_of(args=args, arguments=arguments)
+        dataset_train = _one_of(train_dataset=train_dataset, dataset_train=dataset_train)
+        tokenizer = _one_of(processing_class=processing_class, tokenizer=tokenizer)
+        if arguments is None or dataset_train is None:
+            raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
+                              "(prompt rows)")
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields}
+        base = arguments.grpo.model_dump() if isinstance(arguments, GRPOConfig) else {}
+        if isinstance(options, GRPOOptions):
+            options = options.model_dump()
+        self.options = validate_options("grpo", {**base, **dict(options or {}), **fields})
+        if _one_of(eval_dataset=eval_dataset, dataset_eval=dataset_eval) is not None:
+            raise ConfigError("GRPO has no evaluation split (its figures are logged every step): drop eval_dataset "
+                              "(data.eval_source / eval_fraction)")
+        o = self.options
+        if tokenizer is None:
+            raise ConfigError("GRPOTrainer needs a tokenizer: completions are decoded for the reward functions")
+        self.prompts_per_step = check_batch_size(arguments.total_batch_size, o.num_generations)
+        self.reward_functions, self.reward_weights = load_rewards(
+            reward_funcs if reward_funcs is not None else o.reward_funcs, o.reward_weights)
+        if isinstance(dataset_train, list) and dataset_train and isinstance(dataset_train[0], PromptRow):
+            rows = [r if o.max_prompt_length is None else dataclasses.replace(
+                r, prompt_ids=r.prompt_ids[-o.max_prompt_length:]) for r in dataset_train]
+        else:
+            rows = load_prompts(dataset_train, tokenizer, max_prompt_length=o.max_prompt_length)
+        self.prompt_rows: list[PromptRow] = rows
+        self.conversational = is_messages(rows[0].prompt)
+        self._scored: _Scored | None = None
+        self._reference: FrozenModel | None = None
+        self._reference_source: str | None = None
+        self.reference_record: dict[str, Any] | None = None
+        self._completions_window: int | None = None
+        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
+                         objective=objective if objective is not None else build_grpo_objective(o), **kwargs)
+
+    # ---- configuration ----------------------------------------------------------------
+    def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
+        args, o = self.arguments, self.options
+        n = len(self.prompt_rows)
+        if n < self.prompts_per_step:
+            raise DataError(f"dataset_train has {n} prompts, fewer than the {self.prompts_per_step} a step samples "
+                            f"(training.total_batch_size={args.total_batch_size} / num_generations={o.num_generations})")
+        batches = PromptBatches(n, self.prompts_per_step, seed=args.seed, shuffle=args.shuffle_train_dataset,
+                                num_epochs=args.num_train_epochs, repeats=o.num_iterations)
+        self._train_source, self._eval_source = self.prompt_rows, None
+        self.num_epochs = args.num_train_epochs
+        self.steps_per_epoch = batches.batches_per_epoch * o.num_iterations
+        horizons = [args.max_training_steps] if args.max_training_steps is not None else []
+        if args.num_train_epochs is not None:
+            horizons.append(args.num_train_epochs * self.steps_per_epoch)
+        if not horizons:
+            raise ConfigError("set training.max_training_steps or training.num_train_epochs")
+        return TrainerConfigureDataloaderOutput(batches, None, min(horizons), None)
+
+    def configure_model(self) -> Any:
+        built = super().configure_model()
+        o, model = self.options, built.model
+        longest = max(len(p.prompt_ids) for p in self.prompt_rows) + o.max_completion_length
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions is not None and longest > positions:
+            raise ConfigError(f"the longest prompt plus objective.max_completion_length is {longest} tokens, more than "
+                              f"the model's max_position_embeddings={positions}; lower max_completion_length or set "
+                              f"objective.max_prompt_length")
+        if o.beta != 0.0:
+            state: TrainState = built.state
+            self._reference_source = default_source(model, o.reference)
+            if self._reference_source == "model":
+                self._reference = (copy_of(state.graphdef, state.params, state.frozen) if o.reference is None
+                                   else load_reference_folder(o.reference, model, self._mesh))
+                self.reference_record = reference_record(o.reference or POLICY_COPY, self._reference)
+        return built
+
+    def configure_functions(self) -> TrainerConfigureFunctionOutput:
+        args, o = self.arguments, self.options
+        sharding = batch_sharding(args, self._mesh)  # checks the batch against the mesh
+        self._batch_axes = sharding.spec[0] if len(sharding.spec) else None
+        state_sh = state_shardings(self._model_state)
+        replicated = NamedSharding(self._mesh, PartitionSpec())
+        self._update = jax.jit(
+            functools.partial(train_step, tx=self._optimizer, objective=self.objective,
+                              gradient_accumulation_steps=args.gradient_accumulation_steps,
+                              log_grad_norms=args.log_grad_norms, log_weight_stats=args.log_weight_stats),
+            out_shardings=(state_sh, replicated), donate_argnums=(0,))
+        temperature = o.temperature
+        graphdef = self._model_state.graphdef
+
+        def policy_logps(params: Any, frozen: Any, ids: jax.Array, seg: jax.Array, pos: jax.Array,
+                         width: int) -> jax.Array:
+            return completion_token_stats(_merge(graphdef, params, frozen), ids, seg, pos, width, temperature)[0]
+
+        def reference_logps(params: Any, frozen: Any, reference: Any, ids: jax.Array, seg: jax.Array,
+                            pos: jax.Array, width: int) -> jax.Array:
+            model = reference.model if reference is not None else adapters_off(_merge(graphdef, params, frozen))
+            return completion_token_stats(model, ids, seg, pos, width, temperature)[0]
+
+        self._policy_logps = jax.jit(policy_logps, static_argnames="width")
+        self._reference_logps = jax.jit(reference_logps, static_argnames="width")
+        stops = stop_token_ids(self.tokenizer, getattr(self._model.config, "eos_token_id", None))
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        self._sampling = SamplingParams(
+            max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
+            top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
+            pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
+        self._flops_per_token = self._model.config.flops_per_token(args.max_length)
+        self._peak_flops = peak_flops_per_device(args.peak_flops_per_device)
+        checkpointer = Checkpointer.for_run(args.output_dir, save_total_limit=args.save_total_limit,
+                                            keep_best=args.save_best)
+        return TrainerConfigureFunctionOutput(self._grpo_step, None, self._mesh, checkpointer)
+
+    # ---- the step -------------------------------------------------------------------------
+    def _fetch_batch(self) -> tuple[PromptBatch, Any] | None:
+        """The next step's prompts (host indices: sampling needs the current state, so nothing is placed ahead)."""
+        try:
+            batch = next(self.dataloader_train)
+        except StopIteration:
+            return None
+        return batch, self.dataloader_train.get_state()
+
+    def _grpo_step(self, state: TrainState, prompts: PromptBatch) -> tuple[TrainState, dict[str, Any]]:
+        step = self.global_step + 1
+        host: dict[str, float] = {}
+        if prompts.fresh or self._scored is None:
+            if not prompts.fresh:
+                logger.warning("step %d reuses a rollout that the checkpoint did not keep: sampling it again from "
+                               "the resumed parameters", step)
+            self._scored = self._rollout(state, prompts, step)
+            host = self._scored.metrics
+        start = time.perf_counter()
+        state, metrics = self._update(state, self._scored.batch)
+        jax.block_until_ready(metrics["loss"])
+        return state, {**metrics, **host, "time/update": time.perf_counter() - start}
+
+    def _place(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Rows over the batch axes, every other dimension whole."""
+        def put(v: np.ndarray) -> jax.Array:
+            spec = PartitionSpec(self._batch_axes, *([None] * (v.ndim - 1)))
+            return jax.make_array_from_process_local_data(NamedSharding(self._mesh, spec), v)
+
+        return {k: put(np.asarray(v)) for k, v in batch.items()}
+
+    def _rollout(self, state: TrainState, prompts: PromptBatch, step: int) -> _Scored:
+        args, o = self.arguments, self.options
+        rows = [self.prompt_rows[i] for i in prompts.indices]
+        t0 = time.perf_counter()
+        out = rollout(state, [list(r.prompt_ids) for r in rows], self._sampling, num_generations=o.num_generations,
+                      seed=args.seed, step=step)
+        sampled = jax.device_get(out)
+        t1 = time.perf_counter()
+        ids, seg, pos = rollout_rows(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
+        width = int(out.completion_ids.shape[1])
+        policy = np.asarray(self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width))
+        extra: dict[str, np.ndarray] = {}
+        if o.beta != 0.0:
+            extra["ref_logps"] = np.asarray(self._reference_logps(state.params, state.frozen, self._reference, ids,
+                                                                  seg, pos, width=width))
+        t2 = time.perf_counter()
+        mask = np.asarray(sampled.completion_mask, np.float32)
+        lengths, truncated = np.asarray(sampled.lengths), np.asarray(sampled.truncated, bool)
+        completions = decode(self.tokenizer, np.asarray(sampled.completion_ids), lengths, self.conversational)
+        prompt_values, columns = reward_inputs(rows, o.num_generations, np.asarray(sampled.completion_ids), lengths)
+        per_func, adv = rewards_and_advantages(self.reward_functions, self.reward_weights, prompt_values, completions,
+                                               columns, o.num_generations, o.scale_rewards)
+        t3 = time.perf_counter()
+        if o.num_iterations > 1:
+            extra["old_logps"] = policy
+        if o.vllm_importance_sampling_correction:
+            extra["importance_sampling_ratio"] = np.asarray(importance_sampling_ratio(
+                policy, np.asarray(sampled.log_probs), mask, o.vllm_importance_sampling_mode,
+                o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
+        batch = objective_batch(np.asarray(ids), np.asarray(seg), np.asarray(pos), mask, truncated, adv.advantages,
+                                o.mask_truncated_completions, extra)
+        tokens = float(lengths.sum())
+        metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
+                   **logprob_diff(policy, np.asarray(sampled.log_probs), mask),
+                   "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
+                   "rollout/tokens_per_s": tokens / max(t1 - t0, 1e-9)}
+        window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
+        if o.log_completions and window != self._completions_window and self.is_main_process:
+            self._completions_window = window
+            self._write_completions(completion_records(step, prompt_values, completions, per_func,
+                                                       [f.name for f in self.reward_functions], adv.advantages,
+                                                       o.num_completions_to_print))
+        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
+
+    def _write_completions(self, records: list[dict[str, Any]]) -> None:
+        os.makedirs(self.arguments.output_dir, exist_ok=True)
+        with open(os.path.join(self.arguments.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    # ---- evaluation and checkpoints -------------------------------------------------------
+    def evaluate(self, state: TrainState | None = None, metric_calculator: Any = None) -> dict[str, float]:
+        raise ConfigError("GRPOTrainer has no evaluation split: its figures (reward, kl, ...) are logged every step")
+
+    def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
+        meta = super().checkpoint_metadata(state)
+        meta["objective"] = {"name": "grpo", **self.options.model_dump(exclude={"reward_funcs"}),
+                             "reward_funcs": [f.name for f in self.reward_functions]}
+        meta["reference"] = self.reference_record
+        return meta
+
+    def consumed_data_state(self) -> Any:
+        """The prompt position a checkpoint records and, when the next step reuses the current rollout (inside a
+        ``num_iterations`` cycle), that rollout's batch (``rl/rollout_store.py``): the data the next steps read."""
+        position = dict(super().consumed_data_state())
+        if position.get("repeat", 0) and self._scored is not None:
+            position[rollout_store.KEY] = rollout_store.encode(self._scored.host, epoch=self._scored.epoch,
+                                                               index=self._scored.index)
+        return position
+
+    def maybe_resume(self, state: TrainState) -> TrainState:
+        """The base resume; then the reference check (a run resumed against another reference is refused) and,
+        inside a ``num_iterations`` cycle, the stored rollout put back so the next step reuses it as is."""
+        state = super().maybe_resume(state)
+        where = self.resumed_from
+        if where is None:
+            return state
+        check_reference(read_meta(where).get("reference"), self.reference_record, where)
+        position = self.dataloader_train.get_state()
+        if not position["repeat"]:
+            return state
+        try:
+            with open(os.path.join(where, "data", "metadata"), encoding="utf-8") as f:
+                record = json.load(f)["train"].get(rollout_store.KEY)
+        except (OSError, ValueError, KeyError):
+            record = None
+        if record is None:  # a checkpoint from before rollouts were stored: _grpo_step samples it again, warning
+            return state
+        host = rollout_store.decode(record, epoch=position["epoch"], index=position["index"], where=where)
+        self._scored = _Scored(self._place(host), {}, host, position["epoch"], position["index"])
+        return state
+
+    def write_summary(self, state: TrainState) -> dict[str, Any]:
+        """The base summary plus the reference read (its name and digest), as the preference trainer's."""
+        from scaletrain.training.outputs import write_summary
+
+        summary = super().write_summary(state)
+        summary.update(reference=self.reference_record)
+        if self.is_main_process:
+            write_summary(self.arguments.ensure_output_dir(), summary)
+        return summary

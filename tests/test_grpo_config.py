@@ -1,0 +1,105 @@
+"""GRPO's configuration: the recipe's ``objective: {type: grpo}`` with the ``prompt`` data kind, one message per
+bad field, and ``GRPOConfig`` with TRL's and EasyDeL's names (``epsilon`` is the clip, as in TRL)."""
+
+from __future__ import annotations
+
+import pytest
+
+import scaletrain as st
+from scaletrain.errors import ConfigError
+
+
+def _recipe(objective, kind="prompt"):
+    return st.Recipe.from_dict({"data": {"kind": kind, "source": "prompts.jsonl"}, "objective": objective})
+
+
+def test_recipe_selects_grpo_and_its_trainer():
+    from scaletrain.run import objective_trainer
+
+    recipe = _recipe({"type": "grpo", "num_generations": 4, "loss_type": "dr_grpo", "beta": 0.04,
+                      "reward_funcs": ["exact_answer", "scaletrain.rl.rewards:format_regex"],
+                      "reward_weights": [1.0, 0.5]})
+    cls, kwargs = objective_trainer(recipe)
+    assert cls is st.GRPOTrainer
+    assert kwargs["objective"].loss.loss_type == "dr_grpo" and kwargs["num_generations"] == 4
+    assert kwargs["reward_weights"] == [1.0, 0.5]
+
+
+@pytest.mark.parametrize("objective,kind,field", [
+    ({"type": "grpo", "loss_type": "ppo"}, "prompt", "objective.loss_type"),
+    ({"type": "grpo", "scale_rewards": "row"}, "prompt", "objective.scale_rewards"),
+    ({"type": "grpo", "num_generations": 1}, "prompt", "objective.num_generations"),
+    ({"type": "grpo", "importance_sampling_level": "word"}, "prompt", "objective.importance_sampling_level"),
+    ({"type": "grpo", "reference": "/some/folder"}, "prompt", "objective"),  # reference without beta
+    ({"type": "grpo"}, "chat", "data.kind"),
+    ({"type": "lm"}, "prompt", "data.kind"),
+])
+def test_bad_grpo_recipes_name_their_field(objective, kind, field):
+    with pytest.raises(ConfigError) as err:
+        _recipe(objective, kind)
+    assert field in str(err.value), str(err.value)
+
+
+def test_grpo_config_takes_trl_and_easydel_names():
+    cfg = st.GRPOConfig(epsilon=0.3, epsilon_high=0.28, adam_epsilon=1e-6, num_return_sequences=4, beta=0.1,
+                        max_steps=3, logging_steps=1, loss_type="grpo", scale_rewards=False)
+    assert (cfg.grpo.epsilon, cfg.epsilon, cfg.grpo.num_generations, cfg.grpo.beta) == (0.3, 1e-6, 4, 0.1)
+    assert (cfg.max_training_steps, cfg.log_steps, cfg.grpo.scale_rewards) == (3, 1, "none")
+    assert st.GRPOConfig().grpo.loss_type == "dapo"  # TRL 1.16's default
+    with pytest.raises(ConfigError, match="loss_type"):
+        st.GRPOConfig(loss_type="ppo")
+
+
+def test_the_smollm2_example_recipe_validates_and_its_prompts_are_reproducible():
+    """examples/grpo_smollm2.yaml: a grpo recipe whose batch num_generations divides, whose rewards load and
+    pay what the docs say; its prompts are what scripts/make_grpo_prompts.py writes, with correct answers."""
+    import importlib.util
+    import json
+    import pathlib
+    import re
+
+    from scaletrain.rl.rewards import load_rewards
+    from scaletrain.rl.trainer import check_batch_size
+    from scaletrain.run import objective_trainer
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    recipe = st.Recipe.load(str(repo / "examples" / "grpo_smollm2.yaml"))
+    cls, kwargs = objective_trainer(recipe)
+    assert cls is st.GRPOTrainer and recipe.data.kind == "prompt" and recipe.training.lora is not None
+    assert check_batch_size(recipe.training.total_batch_size, kwargs["num_generations"]) == 4
+    funcs, weights = load_rewards(kwargs["reward_funcs"], kwargs["reward_weights"])
+    assert [f.name for f in funcs] == ["exact_answer", "format_regex"] and list(weights) == [1.0, 0.5]
+    completions = ["42", " The answer is 42.", "41"]
+    scores = [f.fn(["q"] * 3, completions, answer=["42"] * 3) for f in funcs]
+    assert scores == [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
+    spec = importlib.util.spec_from_file_location("make_grpo_prompts", repo / "scripts" / "make_grpo_prompts.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = script.random.Random(0)
+    lines = (repo / "examples" / "grpo" / "prompts.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [script.make_row(rng, i) for i in range(len(lines))]
+    for row in map(json.loads, lines):
+        a, op, b = re.search(r"(\d+) (plus|minus|times|and) (\d+)", row["prompt"][-1]["content"]).groups()
+        expected = {"plus": int(a) + int(b), "and": int(a) + int(b), "minus": int(a) - int(b),
+                    "times": int(a) * int(b)}[op]
+        assert row["answer"] == str(expected)
+
+
+def test_plot_adds_the_reward_panel_for_a_grpo_run(tmp_path):
+    """``scaletrain plot``: a run whose records carry ``reward`` gets a fourth panel (a 2000-pixel-wide figure at
+    100 dpi instead of 1500); rewards come every other step here, as with num_iterations=2."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from scaletrain.plot import plot_run
+
+    for name, with_reward in (("grpo", True), ("lm", False)):
+        run = tmp_path / name
+        run.mkdir()
+        records = [{"split": "train", "step": s, "loss": 1.0 / s, "learning_rate": 1e-4, "tokens_per_s": 100.0,
+                    **({"reward": 0.1 * s} if with_reward and s % 2 else {})} for s in range(1, 9)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        width = imread(plot_run(str(run))).shape[1]
+        assert width == (2000 if with_reward else 1500), (name, width)

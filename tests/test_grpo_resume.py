@@ -1,0 +1,62 @@
+"""A GRPO recipe run killed with SIGKILL inside a ``num_iterations`` cycle and resumed ends with the parameters
+and figures of an uninterrupted run (the reused rollout comes back from the checkpoint); resuming against another
+reference model is refused, naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from preference_testing import export, tiny_llama, word_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "grpo_resume_worker.py")
+PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog",
+           "is the cat a dog", "say goodbye"]
+
+
+def _worker(workdir, run, kill_at=None, reference=None):
+    cmd = [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + ([reference] if reference
+                                                                                           else [])
+    # one CPU device (the suite's 8 are for the mesh tests): the run compiles several times faster
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _train_records(path):
+    keys = ("loss", "kl", "clip_ratio/region_mean", "reward")
+    return {r["step"]: tuple(r.get(k) for k in keys)
+            for r in map(json.loads, path.read_text().splitlines()) if r["split"] == "train"}
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_num_iterations_cycle_and_resume_is_bitwise_identical(tmp_path):
+    word_tokenizer(str(tmp_path / "tok"))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    ref = _worker(tmp_path, "ref")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    # steps 1 3 5... sample (every 3rd step, from 1), the checkpoint of step 2 sits inside the first cycle
+    killed = _worker(tmp_path, "run", kill_at=3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    data = json.loads((tmp_path / "run" / "checkpoints" / "2" / "data" / "metadata").read_text())
+    assert data["train"]["repeat"] == 2 and data["train"]["rollout"]["index"] == 0  # the rollout of step 1, stored
+    other = export(tiny_llama(seed=11, layers=1), str(tmp_path / "other_reference"))
+    refused = _worker(tmp_path, "run", reference=other)
+    assert refused.returncode != 0 and "trained against the reference" in refused.stderr, refused.stderr[-3000:]
+    resumed = _worker(tmp_path, "run")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "sampling it again" not in resumed.stderr
+    ref_summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("/2") and summary["final_step"] == 6
+    assert summary["params_sha256"] == ref_summary["params_sha256"]
+    assert summary["reference"] == ref_summary["reference"] and summary["reference"]["reference"].startswith("starting")
+    records = _train_records(tmp_path / "run" / "metrics.jsonl")
+    assert records == _train_records(tmp_path / "ref" / "metrics.jsonl") and len(records) == 6
+    assert [s for s, r in sorted(records.items()) if r[3] is not None] == [1, 4]  # rewards come with each rollout
+    assert records[3][2] is not None and records[3][0] != records[1][0]  # the reused rollout's update moved
