@@ -8,22 +8,12 @@ are complete.
 """
 
 import os
-import signal
 import sys
 
 import scaletrain as st
 from scaletrain.run import run_training
 
-
-class KillAt(st.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def post_step(self, trainer, step, metrics):
-        if step == self.step:
-            metrics.host()
-            trainer.wait_for_checkpoints()
-            os.kill(os.getpid(), signal.SIGKILL)
+from resume_worker import KillAt  # SIGKILL right after a step, once its checkpoint writes are complete
 
 
 def recipe(workdir: str, out: str, reference: str | None = None) -> st.Recipe:
