@@ -19,7 +19,6 @@ reported apart). Writes ``--out`` (default ``bench/results/grpo-<date>.json``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -29,6 +28,9 @@ import tempfile
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import write_record  # noqa: E402
 ROOT = os.path.dirname(HERE)
 DEFAULT_MODEL = os.path.expanduser("~/.cache/scaletrain/smollm2-135m-instruct")
 CONTENDERS = {"trl": "trl_grpo.py", "scaletrain": "scaletrain_grpo.py"}
@@ -97,11 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "trl" in rows and "scaletrain" in rows:
         result["steps_per_s_ratio"] = round(rows["scaletrain"]["steps_per_s"] / rows["trl"]["steps_per_s"], 2)
         print(f"scaletrain / TRL steps per second: {result['steps_per_s_ratio']:.2f}x")
-    out = a.out or os.path.join(HERE, "results", f"grpo-{dt.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {out}")
+    write_record(result, "grpo", a.out)
     return result
 
 

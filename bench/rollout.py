@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -38,6 +36,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+
+from common import write_record  # noqa: E402
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/scaletrain/smollm2-135m-instruct")
 #: SmolLM2-135M's architecture (its config.json), for random weights where the converted folder is absent
@@ -219,11 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"model": a.arch or a.model, "dtype": a.dtype, "measured_on": str(jax.devices()[0].device_kind),
               "load_s": round(load_s, 2), "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "rows": rows,
               "command": "python bench/rollout.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    out = a.out or os.path.join(HERE, "results", f"rollout-{dt.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {out}")
+    write_record(result, "rollout", a.out)
     return result
 
 
