@@ -7,12 +7,10 @@ are complete.
 """
 
 import os
-import sys
 
 import scaletrain as st
-from scaletrain.run import run_training
 
-from resume_worker import KillAt  # SIGKILL right after a step, once its checkpoint writes are complete
+from resume_worker import run_recipe_worker  # argv, SIGKILL after a step once its checkpoint writes are done
 
 
 def recipe(workdir: str, out: str, reference: str | None = None) -> st.Recipe:
@@ -32,12 +30,5 @@ def recipe(workdir: str, out: str, reference: str | None = None) -> st.Recipe:
     })
 
 
-def main() -> None:
-    workdir, out = sys.argv[1], os.path.join(sys.argv[1], sys.argv[2])
-    kill_at = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-    reference = sys.argv[4] if len(sys.argv) > 4 else None
-    run_training(recipe(workdir, out, reference), callbacks=[KillAt(kill_at)] if kill_at else [])
-
-
 if __name__ == "__main__":
-    main()
+    run_recipe_worker(recipe)

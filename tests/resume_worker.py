@@ -42,6 +42,17 @@ def build_trainer(out: str, accum: int, rows: int, max_steps: int, callbacks=())
     return st.Trainer(args, model=model, dataset_train=data, callbacks=list(callbacks))
 
 
+def run_recipe_worker(recipe) -> None:
+    """The main of a recipe-run worker (``WORKDIR RUN [KILL_AT_STEP|-] [REFERENCE_FOLDER]``): runs
+    ``recipe(workdir, WORKDIR/RUN, reference)`` through ``run_training``, killed after KILL_AT_STEP if given."""
+    from scaletrain.run import run_training
+
+    workdir, out = sys.argv[1], os.path.join(sys.argv[1], sys.argv[2])
+    kill_at = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    reference = sys.argv[4] if len(sys.argv) > 4 else None
+    run_training(recipe(workdir, out, reference), callbacks=[KillAt(kill_at)] if kill_at else [])
+
+
 def main() -> None:
     out, accum, rows, max_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
