@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
-from scaletrain.data.records import ROLES, BadRows, Messages
+from scaletrain.data.records import BadRows, Messages, check_message_items, describe_value
 from scaletrain.data.sources import MissingColumnError, is_unreadable
 from scaletrain.errors import DataError
 
@@ -55,25 +55,12 @@ class UnpairedExample:
     row: int
 
 
-def _describe(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
-
-
 def _messages(value: list[Any], column: str) -> Messages:
     """``value`` as checked messages (roles known, contents strings), or ValueError naming ``column``."""
-    out: Messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise ValueError(f"{column}: message {i} is {_describe(message)}, not an object with role and content")
-        role = message.get("role")
-        if role not in ROLES:
-            raise ValueError(f"{column}: message {i} has unknown role {role!r}; known roles: {', '.join(ROLES)}")
-        if not isinstance(message.get("content"), str):
-            raise ValueError(f"{column}: message {i} ({role}) has content of type "
-                             f"{type(message.get('content')).__name__}, expected a string")
-        out.append({k: v for k, v in message.items() if v is not None})
-    return out
+    try:
+        return check_message_items(value)
+    except ValueError as err:
+        raise ValueError(f"{column}: {err}") from None
 
 
 def parse_value(value: Any, column: str) -> Value:
@@ -98,7 +85,7 @@ def parse_value(value: Any, column: str) -> Value:
         return value
     if isinstance(value, (list, tuple)):
         return _messages(list(value), column)
-    raise ValueError(f"{column} must be text or a list of {{role, content}} messages, got {_describe(value)}")
+    raise ValueError(f"{column} must be text or a list of {{role, content}} messages, got {describe_value(value)}")
 
 
 def _is_empty(value: Value) -> bool:
@@ -160,7 +147,7 @@ def parse_label(value: Any, column: str) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _LABELS:
         return _LABELS[value.strip().lower()]
-    raise ValueError(f"{column} must be true (desirable) or false (undesirable), got {_describe(value)}")
+    raise ValueError(f"{column} must be true (desirable) or false (undesirable), got {describe_value(value)}")
 
 
 def check_unpaired(prompt: Any, completion: Any, label: Any, columns: tuple[str, str, str],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from scaletrain.data.sources import SourceRow, is_unreadable
@@ -52,7 +52,7 @@ def iter_texts(rows: Iterable[SourceRow], bad: BadRows, limit: int | None = None
             return
         problem = is_unreadable(value)
         if problem is None and not isinstance(value, str):
-            problem = f"expected text, got {_describe(value)}"
+            problem = f"expected text, got {describe_value(value)}"
         if problem is not None:
             bad(origin, row, problem)
             continue
@@ -74,13 +74,25 @@ def check_messages(value: Any) -> Messages:
         except json.JSONDecodeError as exc:
             raise ValueError(f"messages is a string but not JSON ({exc})") from None
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"messages must be a list of {{role, content}} objects, got {_describe(value)}")
+        raise ValueError(f"messages must be a list of {{role, content}} objects, got {describe_value(value)}")
     if not value:
         raise ValueError("the conversation has no messages")
+    messages = check_message_items(value)
+    if messages[-1]["role"] == "user":  # nothing answers it: its tokens would be input to no reply, counted nowhere
+        raise ValueError(f"the conversation ends with a user turn (message {len(messages) - 1}) that no assistant "
+                         "turn answers; end it with the assistant's reply or drop that turn")
+    return messages
+
+
+def check_message_items(value: Sequence[Any]) -> Messages:
+    """Each of ``value``'s items as a message (a dict with a known role and string content; null keys
+    dropped), or ValueError naming the first bad one. What a whole conversation must be besides
+    (non-empty, not ending on a user turn) is :func:`check_messages`'; a preference prompt, which
+    does end on a user turn, is checked item by item with this alone."""
     messages: Messages = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
-            raise ValueError(f"message {i} is {_describe(message)}, not an object with role and content")
+            raise ValueError(f"message {i} is {describe_value(message)}, not an object with role and content")
         role = message.get("role")
         if role not in ROLES:
             raise ValueError(f"message {i} has unknown role {role!r}; known roles: {', '.join(ROLES)}")
@@ -88,9 +100,6 @@ def check_messages(value: Any) -> Messages:
         if not isinstance(content, str):
             raise ValueError(f"message {i} ({role}) has content of type {type(content).__name__}, expected a string")
         messages.append({k: v for k, v in message.items() if v is not None})
-    if messages[-1]["role"] == "user":  # nothing answers it: its tokens would be input to no reply, counted nowhere
-        raise ValueError(f"the conversation ends with a user turn (message {len(messages) - 1}) that no assistant "
-                         "turn answers; end it with the assistant's reply or drop that turn")
     return messages
 
 
@@ -115,6 +124,7 @@ def iter_conversations(
         yield messages, origin, row
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
+    """A bad value in an error message: its type and the start of its repr (a row may hold a whole document)."""
     text = repr(value)
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
