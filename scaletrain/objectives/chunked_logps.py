@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from scaletrain.models.kernels.cpu_dots import dot
-from scaletrain.objectives.fused_loss import Axes, _chunk_logits, _head_grad, _on_shards
-from scaletrain.parallel.partition import active_axis_size, active_sharding_axes
+from scaletrain.objectives.fused_loss import (Axes, ChunkLayout, chunk_logits, finish_head_grad, head_grad,
+                                               head_grad_carry)
 
 Array = jax.Array
 
@@ -49,33 +49,17 @@ def token_stats(hidden: Array, kernel: Array, targets: Array, dtype: Any, chunk_
     ``targets`` [N, T] is the token each position is scored against. Chunks, sharding axes and
     ``softcap`` are as in :func:`~scaletrain.objectives.fused_loss.fused_head_loss`.
     """
-    n, t, _ = hidden.shape
-    batch_axes, seq_axes = active_sharding_axes(batch_axes, n), active_sharding_axes(sequence_axes, t)
-    pieces = active_axis_size(seq_axes)
-    local = t // pieces
-    chunk_size = min(chunk_size, local)
-    chunks = -(-local // chunk_size)
-    pad = chunks * chunk_size - local
-
-    def split(x: Array) -> Array:  # [N, T, ...] -> [chunks, N, P, chunk, ...]
-        x = x.reshape(n, pieces, local, *x.shape[2:])
-        if pad:
-            x = jnp.pad(x, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 3))
-        return jnp.moveaxis(x.reshape(n, pieces, chunks, chunk_size, *x.shape[3:]), 2, 0)
-
-    def join(x: Array) -> Array:  # [chunks, N, P, chunk] -> [N, T]
-        x = jnp.moveaxis(x, 0, 2).reshape(n, pieces, chunks * chunk_size)
-        return x[:, :, :local].reshape(n, t)
-
+    layout = ChunkLayout.of(hidden.shape[0], hidden.shape[1], chunk_size, batch_axes, sequence_axes)
+    split, join = layout.split, layout.join
     logp, metrics = _chunked(split(hidden.astype(dtype)), kernel.astype(dtype), split(targets), precision, transposed,
-                             (batch_axes, seq_axes), None if softcap is None else float(softcap))
+                             layout.axes, None if softcap is None else float(softcap))
     return TokenStats(join(logp), *(join(lax.stop_gradient(m)) for m in metrics))
 
 
 def _chunk_figures(h: Array, w: Array, t: Array, precision: Any, transposed: bool,
                    softcap: float | None) -> tuple[Array, Array, tuple[Array, Array, Array]]:
     """``(logp, log Z, (mean logit, entropy, top1))`` of one chunk, each [N, P, chunk]."""
-    return logit_figures(_chunk_logits(h, w, precision, transposed, softcap)[0], t)
+    return logit_figures(chunk_logits(h, w, precision, transposed, softcap)[0], t)
 
 
 def logit_figures(logits: Array, t: Array) -> tuple[Array, Array, tuple[Array, Array, Array]]:
@@ -119,23 +103,16 @@ def _chunked_bwd(precision: Any, transposed: bool, axes: Axes, softcap: float | 
 
     def body(dw: Array, xs: tuple[Array, Array, Array, Array]) -> tuple[Array, Array]:
         h, t, log_z, g = xs
-        logits, dcap = _chunk_logits(h, w, precision, transposed, softcap)
+        logits, dcap = chunk_logits(h, w, precision, transposed, softcap)
         # d logp / d logits = onehot(t) - softmax, times the cotangent
         onehot = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == t[..., None]
         dlogits = jnp.where(onehot, g[..., None], 0.0) - jnp.exp(logits - log_z[..., None]) * g[..., None]
         dlogits = (dlogits if dcap is None else dlogits * dcap).astype(w.dtype)
         dh = dot(dlogits, w, rhs_transposed=not transposed, precision=precision)
-        return dw + _head_grad(h, dlogits, axes, precision), dh.astype(h.dtype)
+        return dw + head_grad(h, dlogits, axes, precision), dh.astype(h.dtype)
 
-    dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
-    if any(axes):
-        shards = (active_axis_size(axes[0]), active_axis_size(axes[1]))
-        dw0 = _on_shards(jnp.zeros((*shards, *dw0.shape), jnp.float32), axes, 1)
-    dw, dhs = lax.scan(body, dw0, (hs, ts, log_zs, gs.astype(jnp.float32)))
-    if any(axes):
-        dw = dw.sum((0, 1))
-    dw = (dw.T if transposed else dw).astype(w.dtype)
-    return dhs, dw, None
+    dw, dhs = lax.scan(body, head_grad_carry(hs.shape[-1], vocab, axes), (hs, ts, log_zs, gs.astype(jnp.float32)))
+    return dhs, finish_head_grad(dw, axes, transposed, w.dtype), None
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)

@@ -37,7 +37,7 @@ returned beside it are metrics and carry no gradient. Outside differentiation
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,27 +69,51 @@ def fused_head_loss(hidden: Array, kernel: Array, input_ids: Array, mask: Array,
     reduced over all of these axes once rather than once per chunk. ``softcap``: the
     model's :meth:`~scaletrain.models.llama.LlamaForCausalLM.logit_softcap` (None: uncapped).
     """
-    b, t, h = hidden.shape
-    batch_axes, seq_axes = active_sharding_axes(batch_axes, b), active_sharding_axes(sequence_axes, t)
-    pieces = active_axis_size(seq_axes)
-    local = t // pieces
-    chunk_size = min(chunk_size, local)
-    chunks = -(-local // chunk_size)
-    pad = chunks * chunk_size - local
+    layout = ChunkLayout.of(hidden.shape[0], hidden.shape[1], chunk_size, batch_axes, sequence_axes)
     targets, full_mask = next_token_targets(input_ids, mask)
-
-    def split(x: Array) -> Array:  # [B, T, ...] -> [chunks, B, P, chunk, ...]
-        x = x.reshape(b, pieces, local, *x.shape[2:])
-        if pad:
-            x = jnp.pad(x, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 3))
-        return jnp.moveaxis(x.reshape(b, pieces, chunks, chunk_size, *x.shape[3:]), 2, 0)
-
+    split = layout.split
     return _fused(split(hidden.astype(dtype)), kernel.astype(dtype), split(targets), split(full_mask),
-                  float(z_weight), precision, transposed, (batch_axes, seq_axes),
-                  None if softcap is None else float(softcap))
+                  float(z_weight), precision, transposed, layout.axes, None if softcap is None else float(softcap))
 
 
 Axes = tuple[tuple[str, ...], tuple[str, ...]]  # (batch axes, sequence axes), each possibly empty
+
+
+class ChunkLayout(NamedTuple):
+    """How [N, T, ...] rows are cut into chunks of positions: each device's share of the sequence (one of
+    P pieces when the sequence is sharded) cut into ``chunks`` of ``chunk_size`` positions, the last one
+    padded by ``pad``. Shared by every chunked head (the fused loss, per-token log-probs)."""
+
+    n: int
+    t: int
+    pieces: int
+    local: int
+    chunk_size: int
+    chunks: int
+    pad: int
+    axes: Axes
+
+    @classmethod
+    def of(cls, n: int, t: int, chunk_size: int, batch_axes: Any, sequence_axes: Any) -> ChunkLayout:
+        """The layout of ``n`` rows of ``t`` positions; a chunk longer than a device's share is cut to it."""
+        axes = (active_sharding_axes(batch_axes, n), active_sharding_axes(sequence_axes, t))
+        pieces = active_axis_size(axes[1])
+        local = t // pieces
+        chunk_size = min(chunk_size, local)
+        chunks = -(-local // chunk_size)
+        return cls(n, t, pieces, local, chunk_size, chunks, chunks * chunk_size - local, axes)
+
+    def split(self, x: Array) -> Array:
+        """[N, T, ...] -> [chunks, N, P, chunk, ...]"""
+        x = x.reshape(self.n, self.pieces, self.local, *x.shape[2:])
+        if self.pad:
+            x = jnp.pad(x, ((0, 0), (0, 0), (0, self.pad)) + ((0, 0),) * (x.ndim - 3))
+        return jnp.moveaxis(x.reshape(self.n, self.pieces, self.chunks, self.chunk_size, *x.shape[3:]), 2, 0)
+
+    def join(self, x: Array) -> Array:
+        """[chunks, N, P, chunk] -> [N, T]: :meth:`split`'s inverse for per-position figures."""
+        x = jnp.moveaxis(x, 0, 2).reshape(self.n, self.pieces, self.chunks * self.chunk_size)
+        return x[:, :, :self.local].reshape(self.n, self.t)
 
 
 def _on_shards(x: Array, axes: Axes, p_dim: int) -> Array:
@@ -100,7 +124,24 @@ def _on_shards(x: Array, axes: Axes, p_dim: int) -> Array:
     return lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
 
-def _head_grad(h: Array, dlogits: Array, axes: Axes, precision: Any) -> Array:
+def head_grad_carry(hidden_size: int, vocab: int, axes: Axes) -> Array:
+    """The zero float32 accumulator of :func:`head_grad` over a loop of chunks: [H, V], or one [H, V] per
+    shard ([Sb, P, H, V], sharded like the batch and the sequence) so that no reduction runs per chunk."""
+    if not any(axes):
+        return jnp.zeros((hidden_size, vocab), jnp.float32)
+    shards = (active_axis_size(axes[0]), active_axis_size(axes[1]))
+    return _on_shards(jnp.zeros((*shards, hidden_size, vocab), jnp.float32), axes, 1)
+
+
+def finish_head_grad(dw: Array, axes: Axes, transposed: bool, dtype: Any) -> Array:
+    """The head's gradient from :func:`head_grad_carry`'s accumulated value: the one reduction over the
+    shards, laid out like the head ([V, H] when ``transposed``) in its dtype."""
+    if any(axes):
+        dw = dw.sum((0, 1))
+    return (dw.T if transposed else dw).astype(dtype)
+
+
+def head_grad(h: Array, dlogits: Array, axes: Axes, precision: Any) -> Array:
     """``h^T dlogits`` [B, P, chunk, ·] in float32: [H, V], or [Sb, P, H, V] per shard when the batch or
     sequence is sharded (summed over shards once, after the loop)."""
     if not any(axes):
@@ -113,7 +154,7 @@ def _head_grad(h: Array, dlogits: Array, axes: Axes, precision: Any) -> Array:
     return _on_shards(out, axes, 1)
 
 
-def _chunk_logits(h: Array, w: Array, precision: Any, transposed: bool,
+def chunk_logits(h: Array, w: Array, precision: Any, transposed: bool,
                   softcap: float | None) -> tuple[Array, Array | None]:
     """``(logits, dlogits/dz)`` in float32 of the head's output ``z``, soft-capped when ``softcap`` is set
     (the derivative is None without a cap)."""
@@ -141,7 +182,7 @@ def _fused(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, precision
            transposed: bool, axes: Axes, softcap: float | None) -> tuple[Array, LossSums]:
     def body(carry: LossSums, xs: tuple[Array, Array, Array]) -> tuple[LossSums, None]:
         h, t, m = xs
-        logits = _chunk_logits(h, w, precision, transposed, softcap)[0]
+        logits = chunk_logits(h, w, precision, transposed, softcap)[0]
         return _add(carry, token_sums_and_log_z(logits, t, m)[0]), None
 
     sums, _ = lax.scan(body, _zeros(), (hs, ts, ms))
@@ -155,7 +196,7 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
     def body(carry: tuple[LossSums, Array], xs: tuple[Array, Array, Array]) -> tuple[tuple[LossSums, Array], Array]:
         sums, dw = carry
         h, t, m = xs
-        logits, dcap = _chunk_logits(h, w, precision, transposed, softcap)
+        logits, dcap = chunk_logits(h, w, precision, transposed, softcap)
         chunk, log_z = token_sums_and_log_z(logits, t, m)
         # d objective / d logits = m * ((1 + 2 z log Z) softmax - onehot(t))
         scale = (m * (1.0 + 2.0 * z_weight * log_z))[..., None]
@@ -163,17 +204,11 @@ def _fused_fwd(hs: Array, w: Array, ts: Array, ms: Array, z_weight: float, preci
         dlogits = jnp.exp(logits - log_z[..., None]) * scale - jnp.where(onehot, m[..., None], 0.0)
         dlogits = (dlogits if dcap is None else dlogits * dcap).astype(w.dtype)
         dh = dot(dlogits, w, rhs_transposed=not transposed, precision=precision)
-        dw = dw + _head_grad(h, dlogits, axes, precision)
+        dw = dw + head_grad(h, dlogits, axes, precision)
         return (_add(sums, chunk), dw), dh.astype(h.dtype)
 
-    dw0 = jnp.zeros((hs.shape[-1], vocab), jnp.float32)
-    if any(axes):
-        shards = (active_axis_size(axes[0]), active_axis_size(axes[1]))
-        dw0 = _on_shards(jnp.zeros((*shards, *dw0.shape), jnp.float32), axes, 1)
-    (sums, dw), dhs = lax.scan(body, (_zeros(), dw0), (hs, ts, ms))
-    if any(axes):
-        dw = dw.sum((0, 1))  # the one reduction over the shards
-    dw = (dw.T if transposed else dw).astype(w.dtype)
+    (sums, dw), dhs = lax.scan(body, (_zeros(), head_grad_carry(hs.shape[-1], vocab, axes)), (hs, ts, ms))
+    dw = finish_head_grad(dw, axes, transposed, w.dtype)
     return (_objective(sums, z_weight), sums), (dhs, dw)
 
 
