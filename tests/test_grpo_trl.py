@@ -80,6 +80,19 @@ def _inputs():
     return [{"prompt": PROMPTS[i // G], "score": SCORES[i]} for i in range(len(COMPLETIONS))]
 
 
+
+def _trl_token_logps(t, out):
+    """TRL's own per-token log-probs and entropies of a scored rollout ``out`` (its trainer ``t``'s model)."""
+    import torch
+
+    mask = out["completion_mask"]
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    attention = torch.cat([out["prompt_mask"], mask], dim=1)
+    with torch.no_grad():
+        logps, entropy, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, mask.shape[1],
+                                                                 compute_entropy=True)
+    return logps, entropy
+
 def _close(ours, theirs, name):
     np.testing.assert_allclose(np.asarray(ours, np.float64), np.asarray(theirs, np.float64), rtol=1e-5, atol=1e-6,
                                err_msg=name)
@@ -109,11 +122,7 @@ def test_grpo_matches_trl(trl_trainer, loss_type, level, scale):
 
     # one step's loss and figures from the same log-probabilities
     mask = out["completion_mask"]
-    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-    attention = torch.cat([out["prompt_mask"], mask], dim=1)
-    with torch.no_grad():
-        logps, entropy, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, mask.shape[1],
-                                                                 compute_entropy=True)
+    logps, entropy = _trl_token_logps(t, out)
     g = torch.Generator().manual_seed(0)
     out["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=g)
     out["ref_per_token_logps"] = logps + 0.5 * torch.randn(logps.shape, generator=g)
@@ -231,11 +240,7 @@ def test_token_logps_and_entropy_match_trl_at_the_temperature(trl_trainer):
     t = trl_trainer
     out = t._generate_and_score_completions(_inputs())
     mask = out["completion_mask"]
-    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-    attention = torch.cat([out["prompt_mask"], mask], dim=1)
-    with torch.no_grad():
-        logps, entropy, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, mask.shape[1],
-                                                                 compute_entropy=True)
+    logps, entropy = _trl_token_logps(t, out)
     rows = rollout_rows(*(jnp.asarray(out[k].numpy()) for k in ("prompt_ids", "prompt_mask", "completion_ids",
                                                                "completion_mask")))
     ours, our_entropy = completion_token_stats(t.jax_policy, *rows, mask.shape[1], TEMPERATURE)
