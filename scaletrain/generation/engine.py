@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from scaletrain.generation.buckets import PaddedBatch, as_rows, bucket
-from scaletrain.generation.sampling import pick_tokens, row_keys, sampling_problem
+from scaletrain.generation.sampling import inverse_temperature, pick_tokens, row_keys, sampling_problem
 from scaletrain.models.common.decoder import constrain
 from scaletrain.models.kernels.attention import KVCache
 from scaletrain.parallel.partition import active_axis_size
@@ -140,7 +140,7 @@ class RolloutEngine:
         out = self._program(
             params, frozen, batch.input_ids, batch.attention_mask, batch.live,
             jnp.asarray(seed, jnp.uint32), jnp.asarray(step, jnp.int32),
-            np.float32(1.0 if greedy else sampling.temperature),
+            np.float32(1.0 if greedy else sampling.temperature), inverse_temperature(sampling.temperature),
             np.float32(1.0 if sampling.top_p is None else sampling.top_p),
             stop, np.int32(sampling.pad_token_id),
             new=int(sampling.max_completion_length), greedy=greedy,
@@ -152,7 +152,8 @@ class RolloutEngine:
         return Rollout(*(x[: batch.rows] for x in out[:-1]), out[-1])
 
     def _program_body(self, params: Any, frozen: Any, input_ids: Array, attention_mask: Array, live: Array,
-                      seed: Array, step: Array, temperature: Array, top_p: Array, stop_ids: Array, fill: Array, *,
+                      seed: Array, step: Array, temperature: Array, inv_temperature: Array, top_p: Array,
+                      stop_ids: Array, fill: Array, *,
                       new: int, greedy: bool, top_k: int | None, use_top_p: bool) -> Rollout:
         """Prefill, then decode until every row stopped or ``new`` tokens are out."""
         self.traces += 1  # runs only while tracing: one per compilation
@@ -164,9 +165,9 @@ class RolloutEngine:
         kv_valid = jnp.zeros((b, p + new), bool).at[:, :p].set(mask.astype(bool))
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
         cache = sharded_cache(model, b, p + new)
-        hidden, cache = model.forward_with_cache(input_ids, positions, cache, jnp.int32(0), kv_valid)
+        hidden, cache = model.forward_with_cache(input_ids, positions, cache, 0, kv_valid)  # 0: a prefill
         pick = functools.partial(pick_tokens, keys=row_keys(seed, step, jnp.arange(b)), greedy=greedy,
-                                 temperature=temperature, top_k=top_k, top_p=top_p if use_top_p else None)
+                                 temperature=temperature, inv_temperature=inv_temperature, top_k=top_k, top_p=top_p if use_top_p else None)
 
         def is_stop(tok: Array) -> Array:
             return jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
@@ -268,11 +269,11 @@ def rollout(source: Any, prompts: Any, sampling: SamplingParams, *, num_generati
     mesh = _mesh_of(params)
     engine = engine_for(graphdef, params, frozen)
     if mesh is None or not jax.sharding.get_abstract_mesh().empty:
-        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling), sampling, seed,
-                          step)
+        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling),
+                          sampling, seed, step)
     with jax.set_mesh(mesh):
-        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling), sampling, seed,
-                          step)
+        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling),
+                          sampling, seed, step)
 
 
 def _bucket(engine: RolloutEngine, ids: np.ndarray, mask: np.ndarray, num_generations: int,

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from scaletrain.generation.sampling import inverse_temperature
+
 Array = jax.Array
 
 
@@ -36,7 +38,7 @@ def completion_log_probs(model: Any, prompt_ids: Array, prompt_mask: Array, comp
     p = prompt_ids.shape[1]
     hidden = model.hidden_states(ids, positions=positions, segment_ids=seg)
     logits = model.compute_logits(hidden[:, p - 1:-1]).astype(jnp.float32)  # the logits predicting each token
-    t = 1.0 if temperature is None or temperature <= 0 else temperature
-    log_probs = jax.nn.log_softmax(logits / t, axis=-1)
-    picked = jnp.take_along_axis(log_probs, completion_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return jnp.where(completion_mask != 0, picked, 0.0)
+    scaled = logits * inverse_temperature(temperature)
+    picked = jnp.take_along_axis(scaled, completion_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    # the engine's formula (``pick_tokens``), not log_softmax's (x - max) - log sum: the same bits
+    return jnp.where(completion_mask != 0, picked - jax.nn.logsumexp(scaled, axis=-1), 0.0)

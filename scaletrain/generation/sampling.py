@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def sampling_problem(max_new_tokens: int, temperature: Any, top_k: int | None,
@@ -127,20 +128,35 @@ def row_keys(seed: jax.Array, step: jax.Array, rows: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, rows)
 
 
+def inverse_temperature(temperature: float | None) -> np.float32:
+    """``1 / temperature`` as a float32 division of float32 operands (1 for greedy: None or <= 0).
+
+    Log-probabilities are scaled by this factor, in the rollout and in the trainer's scoring
+    alike, rather than divided by the temperature: XLA may turn a division by a compile-time
+    constant (the trainer's) into a multiplication by its reciprocal but must divide by a
+    runtime value (the engine's), and the two differ in the last bit. One host-computed
+    factor, multiplied in both programs, gives both the same bits.
+    """
+    if temperature is None or float(temperature) <= 0.0:
+        return np.float32(1.0)
+    return np.float32(1.0) / np.float32(temperature)
+
+
 def pick_tokens(logits: jax.Array, keys: jax.Array, position: jax.Array, *, greedy: bool, temperature: jax.Array,
-                top_k: int | None, top_p: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+                inv_temperature: jax.Array, top_k: int | None, top_p: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """The next token of each row of ``logits`` [B, V] and its log-probability, both [B].
 
     Greedy: the argmax and its log-probability at temperature 1. Sampled: each row draws
-    with its own key folded with ``position``; the log-probability is under ``softmax(logits /
-    temperature)``, unfiltered (see the module docstring).
+    with its own key folded with ``position`` from the filtered ``logits / temperature``; the
+    log-probability is under ``softmax(logits * inv_temperature)`` (:func:`inverse_temperature`),
+    unfiltered (see the module docstring).
     """
     logits = logits.astype(jnp.float32)
     if greedy:
         tokens = first_argmax(logits)
         scaled = logits
     else:
-        scaled = logits / temperature
+        scaled = logits * inv_temperature
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, position)
         tokens = categorical(keys, filter_logits(logits, temperature, top_k, top_p))
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from scaletrain.generation.sampling import inverse_temperature
+
 Array = jax.Array
 
 
@@ -28,9 +30,9 @@ def completion_token_stats(model: Any, input_ids: Array, segment_ids: Array, pos
     p = input_ids.shape[1] - completion_width
     hidden = model.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)
     logits = model.compute_logits(hidden[:, p - 1:-1]).astype(jnp.float32)
-    t = 1.0 if temperature is None or temperature <= 0 else float(temperature)
-    if t != 1.0:
-        logits = logits / t
+    inv_t = inverse_temperature(temperature)
+    if inv_t != 1.0:
+        logits = logits * inv_t  # as the rollout engine scales them: the same bits
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target = input_ids[:, p:].astype(jnp.int32)
     picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0] - log_z

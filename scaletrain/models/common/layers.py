@@ -34,7 +34,7 @@ from scaletrain.models.kernels.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.kernels.flash_sharding import sharded_flash_attention
 from scaletrain.models.kernels.fp8 import glu_product
 from scaletrain.models.placement import active_placement
-from scaletrain.parallel.partition import active_axis_size
+from scaletrain.parallel.partition import active_axis_size, active_platform
 
 Array = jax.Array
 
@@ -101,8 +101,11 @@ class Attention(nnx.Module):
             keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), inputs.start, axis=1)
             values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), inputs.start, axis=1)
             cache = KVCache(keys, values)
-            out = dot_product_attention(q, keys, values, inputs.mask, self.softmax_dtype, self.precision,
-                                        scale=self.scale)
+            if inputs.mask.shape[-1] == t:  # a prefill: the cache held nothing before these tokens
+                out = self._attend(q, k, v, inputs.mask)
+            else:
+                out = dot_product_attention(q, keys, values, inputs.mask, self.softmax_dtype, self.precision,
+                                            scale=self.scale, pin_keys=active_platform() == "cpu")
         else:
             out = checkpoint_name(self._attend(q, k, v, inputs.mask), ATTENTION_OUTPUT)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache

@@ -203,8 +203,13 @@ def causal_blocks(t: int, s: int) -> int:
     return max(n, 1)
 
 
+#: the smallest head_dim whose decode keys :func:`dot_product_attention` pins (``pin_keys``)
+PIN_MIN_HEAD_DIM = 64
+
+
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWindow | None, softmax_dtype: Any,
-                          precision: Any, blocks: int = 1, scale: float | None = None) -> Array:
+                          precision: Any, blocks: int = 1, scale: float | None = None,
+                          pin_keys: bool = False) -> Array:
     """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
 
     Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
@@ -222,6 +227,13 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
     inside each block's fusion rather than read from memory; a :class:`CausalWindow` the
     same with its window. ``scale`` multiplies the
     scores (``1 / sqrt(head_dim)`` when None; Gemma 3 uses ``query_pre_attn_scalar ** -0.5``).
+
+    ``pin_keys`` (decoding on CPU): keep the keys in the ``[b, kv, s, d]`` layout they arrive in
+    (heads of at least :data:`PIN_MIN_HEAD_DIM`). For a one-token query XLA CPU would otherwise
+    copy them into ``[b, kv, d, s]`` every step for another YNNPACK kernel than the training
+    forward's score dot runs, whose sums round differently: measured on SmolLM2-135M, decode
+    attention then equals the training forward's bit for bit instead of within ~1e-6 per layer.
+    With smaller heads (16, 32) XLA lowers the dots otherwise and pinning measured no better.
     """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
@@ -229,6 +241,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
     qh = q.reshape(b, t, nkv, group, d).transpose(0, 2, 3, 1, 4)  # [b, kv, g, t, d]
     kh = k.transpose(0, 2, 1, 3)  # [b, kv, s, d]
     vh = v.transpose(0, 2, 1, 3)
+    if pin_keys and d >= PIN_MIN_HEAD_DIM:
+        kh = jax.lax.optimization_barrier(kh)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
 
     def attend(qb: Array, kb: Array, vb: Array, mb: Array) -> Array:
