@@ -3,8 +3,9 @@ devices: the same mesh (fsdp 2), so the same rollout, rewards, advantages and up
 
 The recipe: 12 completions a step in groups of 4, so each process holds 6 rows and the middle prompt's group
 straddles the two (its advantages need the other process's rewards); ``num_iterations=3`` with a checkpoint at
-step 2, inside the first cycle, so the checkpoint stores the reused rollout; ``beta > 0`` (a frozen reference).
-The reward function notes how many completions each call scored, in which process.
+step 2, inside the first cycle, so the checkpoint stores the reused rollout (gathered from both processes: the
+same record as one process's); ``beta > 0`` (a frozen reference).
+The reward function notes how many completions each call scored, in which process, and raises where told to.
 
 Tolerance: none. Both runs compile the same programs for the same 2-device mesh; the only sums across devices
 are all-reduces of two operands, and ``a + b`` is ``b + a`` bit for bit, whether gloo adds them between
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -37,6 +37,8 @@ from scaletrain.rl.rewards import format_regex
 def words(prompts, completions, **columns):
     with open(os.path.join(os.environ["GRPO_CALLS"], f"{jax.process_index()}.txt"), "a") as f:
         f.write(f"{len(completions)}\\n")
+    if os.environ["GRPO_FAIL"] == str(jax.process_index()):
+        raise ValueError("no reward today")
     return format_regex(prompts, completions, pattern=r"(?s).*\\b(yes|no|maybe|one|two)\\b.*")
 '''
 
@@ -63,20 +65,22 @@ def work(tmp_path_factory):
     return root
 
 
-def _run(work, name: str, *command: str, devices: int = 1, extra: tuple[str, ...] = ()) -> str:
+def _run(work, name: str, *command: str, devices: int = 1, fail_in: str = "", status: int = 0) -> str:
+    """Run the recipe (``command``: ``train`` or ``launch ...``) into ``work/name``; ``fail_in``: the process
+    whose reward raises; the text it printed, once it exited with ``status``."""
     out, calls = work / name, work / f"{name}-calls"
     calls.mkdir(exist_ok=True)
-    env = _env(PYTHONPATH=os.pathsep.join([ROOT, str(work)]), GRPO_CALLS=str(calls),
+    env = _env(PYTHONPATH=os.pathsep.join([ROOT, str(work)]), GRPO_CALLS=str(calls), GRPO_FAIL=fail_in,
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     child = subprocess.Popen([sys.executable, "-m", "scaletrain", *command, str(work / "grpo.yaml"),
-                              f"training.output_dir={out}", *extra],
+                              f"training.output_dir={out}"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         text, _ = child.communicate(timeout=LIMIT_S)
     finally:
         _kill_leftovers(out)
-    assert child.returncode == 0, text[-4000:]
-    return out
+    assert child.returncode == status, text[-4000:]
+    return text
 
 
 def _records(out) -> dict[int, tuple]:
@@ -92,12 +96,14 @@ def _calls(work, name: str) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def one(work):
-    return _run(work, "one", "train", devices=2)
+    _run(work, "one", "train", devices=2)
+    return work / "one"
 
 
 @pytest.fixture(scope="module")
 def two(work):
-    return _run(work, "two", "launch", "--nproc", "2", "--kill-after", "10")
+    _run(work, "two", "launch", "--nproc", "2", "--kill-after", "10")
+    return work / "two"
 
 
 def test_two_processes_sample_score_and_learn_as_one_process(work, one, two):
@@ -110,19 +116,18 @@ def test_two_processes_sample_score_and_learn_as_one_process(work, one, two):
     assert (two / "completions.jsonl").read_text() == (one / "completions.jsonl").read_text()
     # each process scored its own 6 rows of each of the 2 rollouts; one process scored all 12
     assert _calls(work, "two") == {"0": [6, 6], "1": [6, 6]} and _calls(work, "one") == {"0": [12, 12]}
+    # the checkpoint of step 2 (inside the first cycle) stores the whole rollout of step 1, gathered from both
+    # processes: the very record one process stores, so it resumes on either process count as test_grpo_resume's
+    stored = [json.loads((run / "checkpoints" / "2" / "data" / "metadata").read_text())["train"] for run in (two, one)]
+    assert stored[0]["repeat"] == 2 and stored[0]["rollout"] == stored[1]["rollout"]
 
 
-def test_a_two_process_checkpoint_inside_a_cycle_resumes_in_one_process(work, one, two):
-    """The checkpoint of step 2 stores the whole rollout of step 1 (gathered from both processes): one process
-    resumes from it without sampling again and ends with the same parameters."""
-    stored = json.loads((two / "checkpoints" / "2" / "data" / "metadata").read_text())["train"]
-    assert stored["repeat"] == 2 and stored["rollout"] == json.loads(
-        (one / "checkpoints" / "2" / "data" / "metadata").read_text())["train"]["rollout"]
-    resumed = work / "resumed"
-    shutil.copytree(two / "checkpoints" / "2", resumed / "checkpoints" / "2")
-    _run(work, "resumed", "train", devices=2, extra=("training.resume_if_possible=true",))
-    summary = json.loads((resumed / "summary.json").read_text())
-    assert summary["resumed_from"].endswith(os.path.join("checkpoints", "2"))
-    assert summary["params_sha256"] == json.loads((one / "summary.json").read_text())["params_sha256"]
-    assert _records(resumed) == {s: r for s, r in _records(one).items() if s > 2}
-    assert _calls(work, "resumed") == {"0": [12]}  # step 4's rollout only: step 3 reused the stored one
+def test_a_reward_raising_in_one_process_stops_both_at_once(work):
+    """Process 1's reward raises: it names the function and the row (its number in the whole batch), process 0,
+    told through the step's failure flags, stops too, instead of waiting for it in the next collective."""
+    text = _run(work, "failing", "launch", "--nproc", "2", "--kill-after", "10", fail_in="1", status=2)
+    errors = [x for x in text.splitlines() if "scaletrain: error:" in x]
+    assert any(x.startswith("[1] scaletrain: error: reward function 'words' raised on row 6 (prompt ") and
+               x.endswith("ValueError: no reward today") for x in errors), errors
+    assert "[0] scaletrain: error: a reward function raised in process 1 (its log names it and the row); process 0 " \
+           "stops too" in errors, errors

@@ -71,7 +71,7 @@ class RowLayout:
         width = max(len(s) for s in sets)
         row_bytes = values.dtype.itemsize * int(np.prod(values.shape[1:], dtype=np.int64))
         raw = np.zeros((width, row_bytes), np.uint8)
-        raw[:len(mine)] = values.reshape(len(mine), -1).view(np.uint8).reshape(len(mine), row_bytes)
+        raw[:len(mine)] = values.view(np.uint8).reshape(len(mine), row_bytes)
         every = np.asarray(multihost_utils.process_allgather(raw))  # [processes, width, row_bytes]
         out = np.empty((self.n, row_bytes), np.uint8)
         for p, rows_p in enumerate(sets):
@@ -89,3 +89,14 @@ class RowLayout:
 
         return jax.make_array_from_callback((self.n, *values.shape[1:]), sharding_of(values.ndim), rows)
 
+
+
+def failed_processes(failed: bool) -> list[int]:
+    """The processes that say ``failed`` (a collective, as :meth:`RowLayout.gather`): a process whose own step
+    fails tells the others, which would otherwise wait for it in their next collective."""
+    if jax.process_count() == 1:
+        return [0] if failed else []
+    from jax.experimental import multihost_utils
+
+    flags = np.asarray(multihost_utils.process_allgather(np.array([int(failed)], np.int32))).reshape(-1)
+    return [int(p) for p in np.flatnonzero(flags)]

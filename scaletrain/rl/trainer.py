@@ -41,7 +41,7 @@ from scaletrain.rl.config import GRPOConfig
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
-from scaletrain.rl.process_rows import RowLayout
+from scaletrain.rl.process_rows import RowLayout, failed_processes
 from scaletrain.rl.rewards import load_rewards, score
 from scaletrain.rl.scoring import (
     completion_metrics,
@@ -294,11 +294,20 @@ class GRPOTrainer(Trainer):
         own = np.searchsorted(layout.held, layout.owned)
         comp_ids, lengths = h["completion_ids"][own], h["lengths"][own]
         names = [f.name for f in self.reward_functions]
-        per_func = np.zeros((0, len(names)), np.float32)
-        if len(own):
-            completions = decode(self.tokenizer, comp_ids, lengths, self.conversational)
-            prompt_values, columns = reward_inputs([rows[r // g] for r in layout.owned], 1, comp_ids, lengths)
-            per_func = score(self.reward_functions, prompt_values, completions, columns)
+        per_func, failure = np.zeros((0, len(names)), np.float32), None
+        try:
+            if len(own):
+                completions = decode(self.tokenizer, comp_ids, lengths, self.conversational)
+                prompt_values, columns = reward_inputs([rows[r // g] for r in layout.owned], 1, comp_ids, lengths)
+                per_func = score(self.reward_functions, prompt_values, completions, columns, layout.owned)
+        except DataError as err:  # a reward that raised: said by this process, after telling the others
+            failure = err
+        failed = failed_processes(failure is not None)
+        if failure is not None:
+            raise failure
+        if failed:
+            raise DataError(f"a reward function raised in process {failed[0]} (its log names it and the row); "
+                            f"process {jax.process_index()} stops too")
         diffs = logprob_diff_rows(h["policy"][own], h["sampler"][own], h["completion_mask"][own])
         every = layout.gather(np.concatenate([per_func.astype(np.float64), lengths[:, None].astype(np.float64),
                                               h["truncated"][own, None].astype(np.float64), diffs], axis=1))
