@@ -159,12 +159,13 @@ def _failing_row(func: RewardFunction, prompts: list[Any], completions: list[Any
 
 
 def score(funcs: Sequence[RewardFunction], prompts: list[Any], completions: list[Any],
-          columns: Mapping[str, list[Any]]) -> np.ndarray:
+          columns: Mapping[str, list[Any]], rows: Sequence[int] | None = None) -> np.ndarray:
     """[N, F] float32 rewards of N completions by F functions, NaN where a function returned None.
 
     A function that raises is a DataError naming it and the first row that raises alone (its
     prompt and completion), with the original error; one that returns the wrong number of values
-    is named too.
+    is named too. ``rows``: the rows' numbers in the whole batch, for that message (default 0, 1, ...: a
+    process scoring its own share of the rows passes theirs).
     """
     n = len(completions)
     out = np.full((n, len(funcs)), np.nan, np.float32)
@@ -173,7 +174,8 @@ def score(funcs: Sequence[RewardFunction], prompts: list[Any], completions: list
             values = list(_call(func, prompts, completions, columns))
         except Exception as exc:
             row = _failing_row(func, prompts, completions, columns)
-            where = "" if row is None else (f" on row {row} (prompt {completion_text(prompts[row])[:80]!r}, "
+            number = row if row is None or rows is None else int(rows[row])
+            where = "" if row is None else (f" on row {number} (prompt {completion_text(prompts[row])[:80]!r}, "
                                             f"completion {completion_text(completions[row])[:80]!r})")
             raise DataError(f"reward function {func.name!r} raised{where}: {type(exc).__name__}: {exc}") from exc
         if len(values) != n:

@@ -14,9 +14,7 @@ from typing import Any
 import numpy as np
 
 from scaletrain.data.prompts import PromptRow, is_messages
-from scaletrain.rl.advantages import Advantages, group_advantages
 from scaletrain.rl.batch import truncated_mask
-from scaletrain.rl.rewards import RewardFunction, score
 
 
 def decode(tokenizer: Any, completion_ids: np.ndarray, lengths: np.ndarray, conversational: bool) -> list[Any]:
@@ -36,14 +34,6 @@ def reward_inputs(prompts: Sequence[PromptRow], num_generations: int, completion
     columns: dict[str, list[Any]] = {k: [p.columns.get(k) for p in repeated] for k in keys}
     columns["completion_ids"] = [[int(t) for t in row[:n]] for row, n in zip(completion_ids, lengths)]
     return [p.prompt for p in repeated], columns
-
-
-def rewards_and_advantages(funcs: Sequence[RewardFunction], weights: Sequence[float], prompts: list[Any],
-                           completions: list[Any], columns: dict[str, list[Any]], num_generations: int,
-                           scale_rewards: str) -> tuple[np.ndarray, Advantages]:
-    """``([N, F] rewards, advantages and reward figures)``."""
-    per_func = score(funcs, prompts, completions, columns)
-    return per_func, group_advantages(per_func, weights, num_generations, scale_rewards, [f.name for f in funcs])
 
 
 def completion_metrics(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, float]:
@@ -70,6 +60,23 @@ def logprob_diff(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.
     if diff.size == 0:
         return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
     return {"rollout/logprob_diff_max": float(diff.max()), "rollout/logprob_diff_mean": float(diff.mean())}
+
+
+def logprob_diff_rows(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """[N, 3] float64 per row: the largest ``|trainer - sampler|`` over its completion tokens, their sum and
+    count; what :func:`logprob_diff_figures` needs, gathered across processes as a few numbers per row."""
+    keep = np.asarray(mask) != 0
+    diff = np.where(keep, np.abs(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64)), 0.0)
+    return np.stack([diff.max(axis=1, initial=0.0), diff.sum(axis=1), keep.sum(axis=1).astype(np.float64)], axis=1)
+
+
+def logprob_diff_figures(rows: np.ndarray) -> dict[str, float]:
+    """:func:`logprob_diff` from the per-row figures of :func:`logprob_diff_rows` (of every row of the batch)."""
+    count = float(rows[:, 2].sum()) if len(rows) else 0.0
+    if count == 0:
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
+    return {"rollout/logprob_diff_max": float(rows[:, 0].max()),
+            "rollout/logprob_diff_mean": float(rows[:, 1].sum() / count)}
 
 
 def objective_batch(input_ids: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray,

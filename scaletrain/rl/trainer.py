@@ -40,15 +40,17 @@ from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
-from scaletrain.rl.rewards import load_rewards
+from scaletrain.rl.advantages import group_advantages
+from scaletrain.rl.process_rows import RowLayout, failed_processes
+from scaletrain.rl.rewards import load_rewards, score
 from scaletrain.rl.scoring import (
     completion_metrics,
     completion_records,
     decode,
-    logprob_diff,
+    logprob_diff_figures,
+    logprob_diff_rows,
     objective_batch,
     reward_inputs,
-    rewards_and_advantages,
 )
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.checkpoint import Checkpointer, read_meta
@@ -71,8 +73,8 @@ logger = logging.getLogger("scaletrain")
 
 @dataclasses.dataclass
 class _Scored:
-    """A rollout made into the objective's batch (placed on the devices), with its figures; ``host``: the same
-    batch on the host and the prompt batch ``(epoch, index)`` it came from, what a checkpoint stores."""
+    """A rollout made into the objective's batch (placed on the devices), with its figures; ``host``: this
+    process's rows of the same batch on the host, and the prompt batch ``(epoch, index)`` it came from."""
 
     batch: dict[str, jax.Array]
     metrics: dict[str, float]
@@ -149,6 +151,7 @@ class GRPOTrainer(Trainer):
         self._reference_source: str | None = None
         self.reference_record: dict[str, Any] | None = None
         self._completions_window: int | None = None
+        self._rows: RowLayout | None = None
         super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
                          objective=objective if objective is not None else build_grpo_objective(o), **kwargs)
 
@@ -249,56 +252,92 @@ class GRPOTrainer(Trainer):
         jax.block_until_ready(metrics["loss"])
         return state, {**metrics, **host, "time/update": time.perf_counter() - start}
 
-    def _place(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    def _row_sharding(self, ndim: int) -> NamedSharding:
         """Rows over the batch axes, every other dimension whole."""
-        def put(v: np.ndarray) -> jax.Array:
-            spec = PartitionSpec(self._batch_axes, *([None] * (v.ndim - 1)))
-            return jax.make_array_from_process_local_data(NamedSharding(self._mesh, spec), v)
+        return NamedSharding(self._mesh, PartitionSpec(self._batch_axes, *([None] * (ndim - 1))))
 
-        return {k: put(np.asarray(v)) for k, v in batch.items()}
+    def _layout(self) -> RowLayout:
+        """Which rows of a step's batch (``training.total_batch_size`` completions) this process holds and scores."""
+        if self._rows is None:
+            self._rows = RowLayout(self._row_sharding(1), self.arguments.total_batch_size)
+        return self._rows
+
+    def _place(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """This process's rows of the objective's batch (``RowLayout.held``) as global arrays over the batch axes."""
+        return {k: self._layout().place(np.asarray(v), self._row_sharding) for k, v in batch.items()}
 
     def _rollout(self, state: TrainState, prompts: PromptBatch, step: int) -> _Scored:
+        """Sample, score and form the step's batch. On several processes every one runs the same rollout over the
+        global mesh, reads the rows its devices hold, runs the rewards of the rows it owns, and gathers the small
+        per-row results (rewards, lengths, log-prob gaps) so the batch-wide advantages and figures are the same
+        everywhere (``rl/process_rows.py``)."""
         args, o = self.arguments, self.options
-        rows = [self.prompt_rows[i] for i in prompts.indices]
+        rows, g = [self.prompt_rows[i] for i in prompts.indices], o.num_generations
         t0 = time.perf_counter()
-        out = rollout(state, [list(r.prompt_ids) for r in rows], self._sampling, num_generations=o.num_generations,
+        out = rollout(state, [list(r.prompt_ids) for r in rows], self._sampling, num_generations=g,
                       seed=args.seed, step=step)
-        sampled = jax.device_get(out)
+        jax.block_until_ready(out)
         t1 = time.perf_counter()
         ids, seg, pos = rollout_rows(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
         width = int(out.completion_ids.shape[1])
-        policy = np.asarray(self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width))
-        extra: dict[str, np.ndarray] = {}
+        device = {"input_ids": ids, "segment_ids": seg, "positions": pos, "completion_ids": out.completion_ids,
+                  "completion_mask": out.completion_mask, "sampler": out.log_probs, "lengths": out.lengths,
+                  "truncated": out.truncated,
+                  "policy": self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width)}
         if o.beta != 0.0:
-            extra["ref_logps"] = np.asarray(self._reference_logps(state.params, state.frozen, self._reference, ids,
-                                                                  seg, pos, width=width))
+            device["ref_logps"] = self._reference_logps(state.params, state.frozen, self._reference, ids, seg, pos,
+                                                        width=width)
+        layout = self._layout()
+        device = jax.device_put(device, {k: self._row_sharding(v.ndim) for k, v in device.items()})
+        h = {k: layout.read(v) for k, v in device.items()}  # this process's rows only
         t2 = time.perf_counter()
-        mask = np.asarray(sampled.completion_mask, np.float32)
-        lengths, truncated = np.asarray(sampled.lengths), np.asarray(sampled.truncated, bool)
-        completions = decode(self.tokenizer, np.asarray(sampled.completion_ids), lengths, self.conversational)
-        prompt_values, columns = reward_inputs(rows, o.num_generations, np.asarray(sampled.completion_ids), lengths)
-        per_func, adv = rewards_and_advantages(self.reward_functions, self.reward_weights, prompt_values, completions,
-                                               columns, o.num_generations, o.scale_rewards)
+        own = np.searchsorted(layout.held, layout.owned)
+        comp_ids, lengths = h["completion_ids"][own], h["lengths"][own]
+        names = [f.name for f in self.reward_functions]
+        per_func, failure = np.zeros((0, len(names)), np.float32), None
+        try:
+            if len(own):
+                completions = decode(self.tokenizer, comp_ids, lengths, self.conversational)
+                prompt_values, columns = reward_inputs([rows[r // g] for r in layout.owned], 1, comp_ids, lengths)
+                per_func = score(self.reward_functions, prompt_values, completions, columns, layout.owned)
+        except DataError as err:  # a reward that raised: said by this process, after telling the others
+            failure = err
+        failed = failed_processes(failure is not None)
+        if failure is not None:
+            raise failure
+        if failed:
+            raise DataError(f"a reward function raised in process {failed[0]} (its log names it and the row); "
+                            f"process {jax.process_index()} stops too")
+        diffs = logprob_diff_rows(h["policy"][own], h["sampler"][own], h["completion_mask"][own])
+        every = layout.gather(np.concatenate([per_func.astype(np.float64), lengths[:, None].astype(np.float64),
+                                              h["truncated"][own, None].astype(np.float64), diffs], axis=1))
+        k = len(names)
+        per_func, lengths, truncated = every[:, :k].astype(np.float32), every[:, k], every[:, k + 1] != 0
+        adv = group_advantages(per_func, self.reward_weights, g, o.scale_rewards, names)
         t3 = time.perf_counter()
+        mask = np.asarray(h["completion_mask"], np.float32)
+        extra = {"ref_logps": h["ref_logps"]} if o.beta != 0.0 else {}
         if o.num_iterations > 1:
-            extra["old_logps"] = policy
+            extra["old_logps"] = h["policy"]
         if o.vllm_importance_sampling_correction:
             extra["importance_sampling_ratio"] = np.asarray(importance_sampling_ratio(
-                policy, np.asarray(sampled.log_probs), mask, o.vllm_importance_sampling_mode,
+                h["policy"], h["sampler"], mask, o.vllm_importance_sampling_mode,
                 o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
-        batch = objective_batch(np.asarray(ids), np.asarray(seg), np.asarray(pos), mask, truncated, adv.advantages,
-                                o.mask_truncated_completions, extra)
-        tokens = float(lengths.sum())
-        metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
-                   **logprob_diff(policy, np.asarray(sampled.log_probs), mask),
+        batch = objective_batch(h["input_ids"], h["segment_ids"], h["positions"], mask, h["truncated"],
+                                adv.advantages[layout.held], o.mask_truncated_completions, extra)
+        metrics = {**adv.metrics, **completion_metrics(lengths, truncated), **logprob_diff_figures(every[:, k + 2:]),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
-                   "rollout/tokens_per_s": tokens / max(t1 - t0, 1e-9)}
+                   "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9)}
         window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
-        if o.log_completions and window != self._completions_window and self.is_main_process:
+        if o.log_completions and window != self._completions_window:
             self._completions_window = window
-            self._write_completions(completion_records(step, prompt_values, completions, per_func,
-                                                       [f.name for f in self.reward_functions], adv.advantages,
-                                                       o.num_completions_to_print))
+            all_ids = layout.gather(comp_ids)  # every process takes part; process 0 writes
+            if self.is_main_process:
+                shown = len(all_ids) if o.num_completions_to_print is None else o.num_completions_to_print
+                shown = min(shown, len(all_ids))
+                texts = decode(self.tokenizer, all_ids[:shown], lengths[:shown].astype(np.int64), self.conversational)
+                self._write_completions(completion_records(step, [rows[r // g].prompt for r in range(shown)], texts,
+                                                           per_func, names, adv.advantages, shown))
         return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
@@ -320,10 +359,12 @@ class GRPOTrainer(Trainer):
 
     def consumed_data_state(self) -> Any:
         """The prompt position a checkpoint records and, when the next step reuses the current rollout (inside a
-        ``num_iterations`` cycle), that rollout's batch (``rl/rollout_store.py``): the data the next steps read."""
+        ``num_iterations`` cycle), that rollout's batch (``rl/rollout_store.py``): the data the next steps read.
+        The whole batch, gathered from every process (process 0 writes it), so any process count resumes it."""
         position = dict(super().consumed_data_state())
         if position.get("repeat", 0) and self._scored is not None:
-            position[rollout_store.KEY] = rollout_store.encode(self._scored.host, epoch=self._scored.epoch,
+            whole = {k: self._layout().gather(v, rows="held") for k, v in self._scored.host.items()}  # collectives
+            position[rollout_store.KEY] = rollout_store.encode(whole, epoch=self._scored.epoch,
                                                                index=self._scored.index)
         return position
 
@@ -345,7 +386,8 @@ class GRPOTrainer(Trainer):
             record = None
         if record is None:  # a checkpoint from before rollouts were stored: _grpo_step samples it again, warning
             return state
-        host = rollout_store.decode(record, epoch=position["epoch"], index=position["index"], where=where)
+        whole = rollout_store.decode(record, epoch=position["epoch"], index=position["index"], where=where)
+        host = {k: v[self._layout().held] for k, v in whole.items()}  # this process's rows of the whole batch
         self._scored = _Scored(self._place(host), {}, host, position["epoch"], position["index"])
         return state
 

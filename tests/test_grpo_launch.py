@@ -1,0 +1,133 @@
+"""GRPO on two processes (`scaletrain launch --nproc 2`, one CPU device each) against one process with two CPU
+devices: the same mesh (fsdp 2), so the same rollout, rewards, advantages and updates.
+
+The recipe: 12 completions a step in groups of 4, so each process holds 6 rows and the middle prompt's group
+straddles the two (its advantages need the other process's rewards); ``num_iterations=3`` with a checkpoint at
+step 2, inside the first cycle, so the checkpoint stores the reused rollout (gathered from both processes: the
+same record as one process's); ``beta > 0`` (a frozen reference).
+The reward function notes how many completions each call scored, in which process, and raises where told to.
+
+Tolerance: none. Both runs compile the same programs for the same 2-device mesh; the only sums across devices
+are all-reduces of two operands, and ``a + b`` is ``b + a`` bit for bit, whether gloo adds them between
+processes or XLA within one. So parameters (their sha256), losses, rewards and the completions file are equal
+exactly (measured so), as the 1-device resume test's are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from preference_testing import word_tokenizer
+from test_jax_launch_runs import LIMIT_S, ROOT, _env, _kill_leftovers
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog"]
+REWARD = '''
+import os
+import jax
+from scaletrain.rl.rewards import format_regex
+
+
+def words(prompts, completions, **columns):
+    with open(os.path.join(os.environ["GRPO_CALLS"], f"{jax.process_index()}.txt"), "a") as f:
+        f.write(f"{len(completions)}\\n")
+    if os.environ["GRPO_FAIL"] == str(jax.process_index()):
+        raise ValueError("no reward today")
+    return format_regex(prompts, completions, pattern=r"(?s).*\\b(yes|no|maybe|one|two)\\b.*")
+'''
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo_launch")
+    word_tokenizer(str(root / "tok"))
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    (root / "grpo_words.py").write_text(REWARD)
+    recipe = {
+        "model": {"type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": None},
+        "tokenizer": {"path": str(root / "tok")},
+        "data": {"kind": "prompt", "source": str(root / "prompts.jsonl")},
+        "training": {"total_batch_size": 12, "max_length": 32, "num_train_epochs": None, "max_training_steps": 4,
+                     "learning_rate": 3e-2, "scheduler": "constant", "log_steps": 1, "save_steps": 2,
+                     "progress_bar": False, "report_to": []},
+        "objective": {"type": "grpo", "num_generations": 4, "max_completion_length": 6, "num_iterations": 3,
+                      "beta": 0.04, "reward_funcs": ["grpo_words:words"], "log_completions_steps": 3},
+    }
+    (root / "grpo.yaml").write_text(yaml.safe_dump(recipe))
+    return root
+
+
+def _run(work, name: str, *command: str, devices: int = 1, fail_in: str = "", status: int = 0) -> str:
+    """Run the recipe (``command``: ``train`` or ``launch ...``) into ``work/name``; ``fail_in``: the process
+    whose reward raises; the text it printed, once it exited with ``status``."""
+    out, calls = work / name, work / f"{name}-calls"
+    calls.mkdir(exist_ok=True)
+    env = _env(PYTHONPATH=os.pathsep.join([ROOT, str(work)]), GRPO_CALLS=str(calls), GRPO_FAIL=fail_in,
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    child = subprocess.Popen([sys.executable, "-m", "scaletrain", *command, str(work / "grpo.yaml"),
+                              f"training.output_dir={out}"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        text, _ = child.communicate(timeout=LIMIT_S)
+    finally:
+        _kill_leftovers(out)
+    assert child.returncode == status, text[-4000:]
+    return text
+
+
+def _records(out) -> dict[int, tuple]:
+    keys = ("loss", "kl", "reward", "rewards/words/mean", "reward_std", "completions/mean_length")
+    return {r["step"]: tuple(r.get(k) for k in keys)
+            for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"}
+
+
+def _calls(work, name: str) -> dict[str, list[int]]:
+    folder = work / f"{name}-calls"
+    return {p.stem: [int(x) for x in p.read_text().split()] for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def one(work):
+    _run(work, "one", "train", devices=2)
+    return work / "one"
+
+
+@pytest.fixture(scope="module")
+def two(work):
+    _run(work, "two", "launch", "--nproc", "2", "--kill-after", "10")
+    return work / "two"
+
+
+def test_two_processes_sample_score_and_learn_as_one_process(work, one, two):
+    ours, ref = json.loads((two / "summary.json").read_text()), json.loads((one / "summary.json").read_text())
+    assert (ours["process_count"], ref["process_count"], ours["final_step"]) == (2, 1, 4)
+    assert ours["params_sha256"] == ref["params_sha256"]
+    records = _records(two)
+    assert records == _records(one) and sorted(records) == [1, 2, 3, 4]
+    assert [s for s, r in sorted(records.items()) if r[2] is not None] == [1, 4]  # a rollout every 3 steps
+    assert (two / "completions.jsonl").read_text() == (one / "completions.jsonl").read_text()
+    # each process scored its own 6 rows of each of the 2 rollouts; one process scored all 12
+    assert _calls(work, "two") == {"0": [6, 6], "1": [6, 6]} and _calls(work, "one") == {"0": [12, 12]}
+    # the checkpoint of step 2 (inside the first cycle) stores the whole rollout of step 1, gathered from both
+    # processes: the very record one process stores, so it resumes on either process count as test_grpo_resume's
+    stored = [json.loads((run / "checkpoints" / "2" / "data" / "metadata").read_text())["train"] for run in (two, one)]
+    assert stored[0]["repeat"] == 2 and stored[0]["rollout"] == stored[1]["rollout"]
+
+
+def test_a_reward_raising_in_one_process_stops_both_at_once(work):
+    """Process 1's reward raises: it names the function and the row (its number in the whole batch), process 0,
+    told through the step's failure flags, stops too, instead of waiting for it in the next collective."""
+    text = _run(work, "failing", "launch", "--nproc", "2", "--kill-after", "10", fail_in="1", status=2)
+    errors = [x for x in text.splitlines() if "scaletrain: error:" in x]
+    assert any(x.startswith("[1] scaletrain: error: reward function 'words' raised on row 6 (prompt ") and
+               x.endswith("ValueError: no reward today") for x in errors), errors
+    assert "[0] scaletrain: error: a reward function raised in process 1 (its log names it and the row); process 0 " \
+           "stops too" in errors, errors
