@@ -2,14 +2,17 @@
 
 User errors (:class:`ScaletrainError`) print one message and exit with status 2; Ctrl-C
 outside training (which stops at a checkpoint instead) prints one line and exits with 130;
-anything else is a bug and keeps its traceback.
+anything else is a bug and keeps its traceback. A process of a multi-process job that fails
+leaves at once (:func:`leave_job`), so that the launcher sees it and stops the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import traceback
 
 from scaletrain import __version__
 from scaletrain.errors import ScaletrainError
@@ -215,10 +218,42 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        status = _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before training took over SIGINT (while importing, tokenizing, ...)
         print("\nscaletrain: interrupted", file=sys.stderr)
-        return 130
+        status = 130
+    except BaseException:
+        if in_multiprocess_job():
+            traceback.print_exc()
+            leave_job(1)
+        raise
+    if status and in_multiprocess_job():
+        leave_job(status)
+    return status
+
+
+def in_multiprocess_job() -> bool:
+    """Whether this process joined a jax.distributed job of several processes (jax not imported: no)."""
+    if "jax" not in sys.modules:
+        return False
+    import jax
+
+    return jax.process_count() > 1
+
+
+def leave_job(status: int) -> None:
+    """Exit now with ``status``, skipping the interpreter's exit hooks.
+
+    Why: jax.distributed's exit hook waits at a barrier for every process of the job, and a
+    process that failed alone (a bug, a user error only it saw) would wait there forever while
+    the others wait for it inside a collective: the whole job would hang instead of failing.
+    Leaving without the hooks lets ``scaletrain launch`` (or Slurm) see the failure and stop the
+    others. Nothing saved is lost: checkpoints are complete before they count.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -228,3 +228,38 @@ def test_the_fingerprint_is_the_same_however_the_batch_is_split():
     swapped = ids.copy()
     swapped[[0, 1]] = swapped[[1, 0]]  # the same tokens in other rows: another batch
     assert float(data_fingerprint({"input_ids": jnp.asarray(swapped)})) != whole
+
+
+# process 0 waits in a collective for process 1, which fails alone (a user error only it sees)
+_ALONE = r"""
+import sys, jax
+port, rank = sys.argv[1], int(sys.argv[2])
+jax.distributed.initialize(f"127.0.0.1:{port}", 2, rank, initialization_timeout=60)
+if rank == 0:
+    from jax.experimental import multihost_utils
+    multihost_utils.process_allgather(jax.numpy.ones(1))  # never completes: process 1 does not come
+else:
+    from scaletrain.cli import main
+    sys.exit(main(["train", sys.argv[3]]))
+"""
+
+
+def test_a_process_that_fails_alone_leaves_the_job_instead_of_hanging(tmp_path):
+    """Without leaving at once, the failed process would wait at jax.distributed's exit barrier for a
+    sibling that waits for it: the job would hang rather than fail, and no launcher could tell."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in _CLEAR}
+    env["XLA_FLAGS"] = ""
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    missing = str(tmp_path / "missing.yaml")
+    procs = [subprocess.Popen([sys.executable, "-c", _ALONE, str(port), str(rank), missing], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    try:
+        _, err = procs[1].communicate(timeout=120)
+        assert procs[1].returncode == 2, err
+        assert "missing.yaml" in err
+        assert procs[0].poll() is None  # still waiting: the launcher's to stop
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
