@@ -77,6 +77,15 @@ def test_reward_rises_and_sampler_matches_trainer(run):
     assert set(lines[0]) == {"step", "prompt", "completion", "rewards", "advantage"}
 
 
+def test_one_iteration_checks_the_sampler_in_the_update(tmp_path):
+    """With one iteration the update's forward (at the sampling parameters) gives rollout/logprob_diff_*, and the
+    rollout runs no scoring forward of its own; float32 on one device: within 1e-5, as the separate forward."""
+    records, _ = _run(tmp_path, steps=2, num_iterations=1)
+    assert len(records) == 2
+    for r in records:
+        assert 0.0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] <= 1e-5, r
+
+
 def test_reused_rollouts_move_the_ratio_and_the_kl(run):
     records, _ = run
     # a fresh rollout's old log-probs are the current policy's: ratio 1, nothing clipped; the reuse step after

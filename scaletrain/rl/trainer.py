@@ -3,7 +3,8 @@
 One step: sample ``num_generations`` completions of each of the step's prompts from the live
 training state (``scaletrain.generation``: no copy, no weight sync), score the sampled tokens
 with the trainer's own forward (the old log-probabilities, and the sampler-vs-trainer check
-``rollout/logprob_diff_*``) and, with ``beta > 0``, with the reference; run the reward
+``rollout/logprob_diff_*``; with one iteration the update's own forward does this check instead,
+so the step runs no extra forward, as TRL's) and, with ``beta > 0``, with the reference; run the reward
 functions, form group advantages, and take one optimizer step of the GRPO objective
 (``scaletrain.objectives.grpo``). With ``num_iterations`` = μ the rollout batch is reused for μ
 steps, its old log-probabilities stored. Figures under TRL's names, the time split
@@ -32,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
+from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
 from scaletrain.objectives.reference import adapters_off
@@ -149,8 +151,16 @@ class GRPOTrainer(Trainer):
         self._reference_source: str | None = None
         self.reference_record: dict[str, Any] | None = None
         self._completions_window: int | None = None
-        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
-                         objective=objective if objective is not None else build_grpo_objective(o), **kwargs)
+        objective = objective if objective is not None else build_grpo_objective(o)
+        if isinstance(objective, GRPOObjective):
+            # one iteration, one micro-batch, no correction: the update's forward is the trainer's forward at the
+            # sampling parameters, so it checks the sampler and the rollout skips a scoring forward of its own
+            objective = dataclasses.replace(objective, sampler_check=(
+                o.num_iterations == 1 and not o.vllm_importance_sampling_correction
+                and arguments.gradient_accumulation_steps == 1))
+        self._check_in_update = bool(getattr(objective, "sampler_check", False))
+        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer, objective=objective,
+                         **kwargs)
 
     # ---- configuration ----------------------------------------------------------------
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
@@ -267,8 +277,13 @@ class GRPOTrainer(Trainer):
         t1 = time.perf_counter()
         ids, seg, pos = rollout_rows(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
         width = int(out.completion_ids.shape[1])
-        policy = np.asarray(self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width))
+        sampler_logps = np.asarray(sampled.log_probs)
         extra: dict[str, np.ndarray] = {}
+        policy: np.ndarray | None = None
+        if self._check_in_update:  # the update's forward scores the tokens and logs rollout/logprob_diff_*
+            extra["sampler_logps"] = sampler_logps
+        else:
+            policy = np.asarray(self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width))
         if o.beta != 0.0:
             extra["ref_logps"] = np.asarray(self._reference_logps(state.params, state.frozen, self._reference, ids,
                                                                   seg, pos, width=width))
@@ -284,13 +299,13 @@ class GRPOTrainer(Trainer):
             extra["old_logps"] = policy
         if o.vllm_importance_sampling_correction:
             extra["importance_sampling_ratio"] = np.asarray(importance_sampling_ratio(
-                policy, np.asarray(sampled.log_probs), mask, o.vllm_importance_sampling_mode,
+                policy, sampler_logps, mask, o.vllm_importance_sampling_mode,
                 o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
         batch = objective_batch(np.asarray(ids), np.asarray(seg), np.asarray(pos), mask, truncated, adv.advantages,
                                 o.mask_truncated_completions, extra)
         tokens = float(lengths.sum())
         metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
-                   **logprob_diff(policy, np.asarray(sampled.log_probs), mask),
+                   **({} if policy is None else logprob_diff(policy, sampler_logps, mask)),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": tokens / max(t1 - t0, 1e-9)}
         window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
