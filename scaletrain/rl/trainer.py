@@ -40,6 +40,7 @@ from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig
+from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.rewards import load_rewards
@@ -275,7 +276,8 @@ class GRPOTrainer(Trainer):
                       seed=args.seed, step=step)
         sampled = jax.device_get(out)
         t1 = time.perf_counter()
-        ids, seg, pos = rollout_rows(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
+        prompt_ids, prompt_mask = trim_prompt_padding(sampled.prompt_ids, sampled.prompt_mask)
+        ids, seg, pos = rollout_rows(prompt_ids, prompt_mask, sampled.completion_ids, sampled.completion_mask)
         width = int(out.completion_ids.shape[1])
         sampler_logps = np.asarray(sampled.log_probs)
         extra: dict[str, np.ndarray] = {}
