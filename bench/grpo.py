@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
             print(f"{name:>10}: {r['median_step_s']:.2f} s/step median after {a.warmup} (first {r['first_step_s']:.1f} s), "
                   f"{r['completions_per_s']:.2f} completions/s, mean completion length "
-                  f"{statistics.mean(r['mean_completion_length'] or [0]):.1f}, {r['median_step_cpu_s']:.2f} CPU-s/step, "
+                  f"{statistics.mean(r['mean_completion_length'] or [0]):.1f}, "
+                  f"{r['median_step_cpu_s']:.2f} CPU-s/step, "
                   f"load {r['load_avg_before'][0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
     result = {"model": a.model, "batch": a.batch, "num_generations": a.num_generations,
               "max_completion_length": a.max_completion_length, "steps": a.steps, "warmup": a.warmup,
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "command": "python bench/grpo.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     if "trl" in rows and "scaletrain" in rows:
         result["steps_per_s_ratio"] = round(rows["scaletrain"]["steps_per_s"] / rows["trl"]["steps_per_s"], 2)
-        result["steps_per_cpu_s_ratio"] = round(rows["scaletrain"]["steps_per_cpu_s"] / rows["trl"]["steps_per_cpu_s"], 2)
+        per_cpu = rows["scaletrain"]["steps_per_cpu_s"] / rows["trl"]["steps_per_cpu_s"]
+        result["steps_per_cpu_s_ratio"] = round(per_cpu, 2)
         print(f"scaletrain / TRL steps per second: {result['steps_per_s_ratio']:.2f}x wall, "
               f"{result['steps_per_cpu_s_ratio']:.2f}x per CPU-s")
     write_record(result, "grpo", a.out)

@@ -112,7 +112,7 @@ class GRPOObjective:
         else:
             weight, count = mask, tokens
         region = jnp.maximum(terms.low_clipped, terms.high_clipped)
-        check = {}
+        check: dict[str, Array] = {}
         if self.sampler_check:  # over the tokens the loss counts
             diff = jnp.abs(sg(logps) - batch["sampler_logps"].astype(jnp.float32)) * (mask != 0)
             check = {"logprob_diff_sum": jnp.sum(diff), "logprob_diff_max": jnp.max(diff)}
@@ -133,7 +133,7 @@ class GRPOObjective:
         return zeros(_SUMS + (_CHECK_SUMS if self.sampler_check else ()))
 
     def step_metrics(self, sums: Sums, denom: Array) -> dict[str, Array]:
-        check = {}
+        check: dict[str, Array] = {}
         if self.sampler_check:
             check = {"rollout/logprob_diff_max": sums["logprob_diff_max"],
                      "rollout/logprob_diff_mean": sums["logprob_diff_sum"] / jnp.maximum(sums["tokens"], 1.0)}
