@@ -13,7 +13,9 @@ one generation per step. TRL generates with transformers (no vLLM). Each runs in
 process, one after the other (never at once), so neither shares threads, allocators or a JIT
 cache with the other. A step's time is the wall time between the ends of consecutive steps;
 reported is the median over the steps after ``--warmup`` (the first includes compilation,
-reported apart). Writes ``--out`` (default ``bench/results/grpo-<date>.json``).
+reported apart), in wall seconds and in the process's CPU seconds (all threads: what a neighbour's
+load does not add), with the load average before and after each contender. Writes ``--out``
+(default ``bench/results/grpo-<date>.json``).
 """
 
 from __future__ import annotations
@@ -57,13 +59,14 @@ def run_contender(name: str, case: dict[str, Any], workdir: str) -> dict[str, An
 
 
 def summarise(result: dict[str, Any], warmup: int, batch: int) -> dict[str, Any]:
-    steps = result["step_s"]
-    steady = steps[warmup:]
-    median = statistics.median(steady)
+    steps, cpu = result["step_s"], result["step_cpu_s"]
+    median, median_cpu = statistics.median(steps[warmup:]), statistics.median(cpu[warmup:])
     return {"first_step_s": round(steps[0], 2), "median_step_s": round(median, 3), "steps_per_s": round(1 / median, 4),
+            "median_step_cpu_s": round(median_cpu, 3), "steps_per_cpu_s": round(1 / median_cpu, 4),
             "completions_per_s": round(batch / median, 2), "step_s": [round(s, 3) for s in steps],
+            "step_cpu_s": [round(s, 3) for s in cpu],
             "mean_completion_length": [round(x, 2) for x in result["mean_completion_length"]],
-            **{k: v for k, v in result.items() if k not in ("step_s", "mean_completion_length")}}
+            **{k: v for k, v in result.items() if k not in ("step_s", "step_cpu_s", "mean_completion_length")}}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -87,18 +90,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as workdir:
         for name in a.only.split(","):
+            before = os.getloadavg()
             rows[name] = summarise(run_contender(name, case, workdir), a.warmup, a.batch)
             r = rows[name]
+            r["load_avg_before"] = [round(x, 2) for x in before]
+            r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
             print(f"{name:>10}: {r['median_step_s']:.2f} s/step median after {a.warmup} (first {r['first_step_s']:.1f} s), "
                   f"{r['completions_per_s']:.2f} completions/s, mean completion length "
-                  f"{statistics.mean(r['mean_completion_length'] or [0]):.1f}", flush=True)
+                  f"{statistics.mean(r['mean_completion_length'] or [0]):.1f}, "
+                  f"{r['median_step_cpu_s']:.2f} CPU-s/step, "
+                  f"load {r['load_avg_before'][0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
     result = {"model": a.model, "batch": a.batch, "num_generations": a.num_generations,
               "max_completion_length": a.max_completion_length, "steps": a.steps, "warmup": a.warmup,
               "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "contenders": rows,
               "command": "python bench/grpo.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     if "trl" in rows and "scaletrain" in rows:
         result["steps_per_s_ratio"] = round(rows["scaletrain"]["steps_per_s"] / rows["trl"]["steps_per_s"], 2)
-        print(f"scaletrain / TRL steps per second: {result['steps_per_s_ratio']:.2f}x")
+        per_cpu = rows["scaletrain"]["steps_per_cpu_s"] / rows["trl"]["steps_per_cpu_s"]
+        result["steps_per_cpu_s_ratio"] = round(per_cpu, 2)
+        print(f"scaletrain / TRL steps per second: {result['steps_per_s_ratio']:.2f}x wall, "
+              f"{result['steps_per_cpu_s_ratio']:.2f}x per CPU-s")
     write_record(result, "grpo", a.out)
     return result
 

@@ -77,6 +77,46 @@ def test_reward_rises_and_sampler_matches_trainer(run):
     assert set(lines[0]) == {"step", "prompt", "completion", "rewards", "advantage"}
 
 
+def test_one_iteration_checks_the_sampler_in_the_update(tmp_path):
+    """With one iteration the update's forward (at the sampling parameters) gives rollout/logprob_diff_*, and the
+    rollout runs no scoring forward of its own; float32 on one device: within 1e-5, as the separate forward."""
+    records, _ = _run(tmp_path, steps=2, num_iterations=1)
+    assert len(records) == 2
+    for r in records:
+        assert 0.0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] <= 1e-5, r
+
+
+def test_prompt_padding_is_cut_without_moving_a_log_prob():
+    """The engine pads prompts to a power of two; the update reads them cut to the longest rounded up to an eighth of
+    that bucket (at least 8), and every completion token's log-prob is the padded rows' (float32: the same sums
+    with masked terms left out, 1e-6 absolute)."""
+    import jax
+    import jax.numpy as jnp
+
+    from scaletrain.generation import rollout_rows
+    from scaletrain.objectives.token_logps import completion_token_stats
+    from scaletrain.rl.batch import trim_prompt_padding
+
+    rng = np.random.default_rng(1)
+    n, p, c = 6, 64, 5
+    lengths = rng.integers(3, 12, n)
+    lengths[0] = 11  # the longest prompt: 11 tokens, kept as 16 columns
+    prompt_mask = (np.arange(p)[None, :] >= (p - lengths)[:, None]).astype(np.int32)
+    prompt_ids = (rng.integers(3, 48, (n, p)) * prompt_mask).astype(np.int32)
+    completion_mask = (np.arange(c)[None, :] < rng.integers(1, c + 1, n)[:, None]).astype(np.int32)
+    completion_ids = (rng.integers(3, 48, (n, c)) * completion_mask).astype(np.int32)
+    ids, mask = trim_prompt_padding(prompt_ids, prompt_mask)
+    assert ids.shape == mask.shape == (n, 16)
+    np.testing.assert_array_equal(mask.sum(axis=1), lengths)
+    assert trim_prompt_padding(prompt_ids[:, -8:], prompt_mask[:, -8:])[0].shape == (n, 8)  # nothing to cut
+    model = _tiny(48)
+    logps = jax.jit(lambda *rows: completion_token_stats(model, *rows, c)[0])
+    full = logps(*rollout_rows(prompt_ids, prompt_mask, completion_ids, completion_mask))
+    cut = logps(*rollout_rows(ids, mask, completion_ids, completion_mask))
+    keep = jnp.asarray(completion_mask) != 0
+    np.testing.assert_allclose(np.where(keep, cut, 0.0), np.where(keep, full, 0.0), atol=1e-6, rtol=0)
+
+
 def test_reused_rollouts_move_the_ratio_and_the_kl(run):
     records, _ = run
     # a fresh rollout's old log-probs are the current policy's: ratio 1, nothing clipped; the reuse step after

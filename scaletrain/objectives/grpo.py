@@ -11,7 +11,11 @@ A GRPO batch is a rollout batch scored and ready to learn from (``scaletrain.rl`
   trainer's forward before the first update); with one iteration the current log-probabilities,
   held constant, stand in for them, as in TRL, so the ratio is exactly 1;
 - ``ref_logps`` [N, C] when ``beta != 0``; ``importance_sampling_ratio`` [N, C] or [N, 1] with
-  ``vllm_importance_sampling_correction``.
+  ``vllm_importance_sampling_correction``;
+- ``sampler_logps`` [N, C] with ``sampler_check``: the sampler's log-probabilities of its tokens,
+  compared with this forward's (``rollout/logprob_diff_max`` / ``_mean``). Why here: with one
+  iteration the update's forward runs at the parameters that sampled, so it is the trainer's
+  forward the check needs, and the rollout saves a forward of its own (TRL skips that forward too).
 
 Why sums: ``grpo`` and ``dr_grpo`` average over completions (the sum of per-row figures,
 divided by the batch's completions), ``bnpo`` and ``dapo`` over the whole batch's completion
@@ -38,6 +42,7 @@ from scaletrain.objectives.token_logps import completion_token_stats
 Array = jax.Array
 ROW_KEYS = ("input_ids", "segment_ids", "positions", "completion_mask", "advantages")
 _SUMS = ("loss", "sequences", "tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", "clip_count")
+_CHECK_SUMS = ("logprob_diff_sum", "logprob_diff_max")
 
 
 def figures() -> dict[str, tuple[str, str]]:
@@ -60,6 +65,9 @@ class GRPOObjective:
     temperature: float = 1.0
     num_iterations: int = 1
     importance_sampling_correction: bool = False
+    #: compare ``sampler_logps`` with this forward's; its ``logprob_diff_max`` sum is a max only with one
+    #: micro-batch (the step adds micro-batches' sums), so the GRPO trainer sets it only then
+    sampler_check: bool = False
 
     name: ClassVar[str] = "grpo"
     frozen_models: ClassVar[tuple[str, ...]] = ()
@@ -78,6 +86,8 @@ class GRPOObjective:
             keys += ("ref_logps",)
         if self.importance_sampling_correction:
             keys += ("importance_sampling_ratio",)
+        if self.sampler_check:
+            keys += ("sampler_logps",)
         return keys
 
     def loss_and_sums(self, model: Any, batch: Batch, frozen: Mapping[str, Any]) -> tuple[Array, Sums]:
@@ -102,7 +112,12 @@ class GRPOObjective:
         else:
             weight, count = mask, tokens
         region = jnp.maximum(terms.low_clipped, terms.high_clipped)
+        check: dict[str, Array] = {}
+        if self.sampler_check:  # over the tokens the loss counts
+            diff = jnp.abs(sg(logps) - batch["sampler_logps"].astype(jnp.float32)) * (mask != 0)
+            check = {"logprob_diff_sum": jnp.sum(diff), "logprob_diff_max": jnp.max(diff)}
         return loss, {
+            **check,
             "loss": sg(loss),
             "sequences": rows,
             "tokens": tokens,
@@ -115,10 +130,14 @@ class GRPOObjective:
         }
 
     def zero_sums(self, model: Any) -> Sums:
-        return zeros(_SUMS)
+        return zeros(_SUMS + (_CHECK_SUMS if self.sampler_check else ()))
 
     def step_metrics(self, sums: Sums, denom: Array) -> dict[str, Array]:
-        return {"loss": sums["loss"] / denom, **step_figures(sums, figures())}
+        check: dict[str, Array] = {}
+        if self.sampler_check:
+            check = {"rollout/logprob_diff_max": sums["logprob_diff_max"],
+                     "rollout/logprob_diff_mean": sums["logprob_diff_sum"] / jnp.maximum(sums["tokens"], 1.0)}
+        return {"loss": sums["loss"] / denom, **step_figures(sums, figures()), **check}
 
     def eval_metrics(self, totals: Mapping[str, Any], bytes_per_token: float | None = None) -> dict[str, float]:
         denom = max(float(totals[self.normaliser]), 1.0)

@@ -3,7 +3,8 @@
 One step: sample ``num_generations`` completions of each of the step's prompts from the live
 training state (``scaletrain.generation``: no copy, no weight sync), score the sampled tokens
 with the trainer's own forward (the old log-probabilities, and the sampler-vs-trainer check
-``rollout/logprob_diff_*``) and, with ``beta > 0``, with the reference; run the reward
+``rollout/logprob_diff_*``; with one iteration the update's own forward does this check instead,
+so the step runs no extra forward, as TRL's) and, with ``beta > 0``, with the reference; run the reward
 functions, form group advantages, and take one optimizer step of the GRPO objective
 (``scaletrain.objectives.grpo``). With ``num_iterations`` = μ the rollout batch is reused for μ
 steps, its old log-probabilities stored. Figures under TRL's names, the time split
@@ -32,12 +33,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
+from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
 from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig
+from scaletrain.rl.batch import kept_prompt_columns
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
@@ -152,8 +155,16 @@ class GRPOTrainer(Trainer):
         self.reference_record: dict[str, Any] | None = None
         self._completions_window: int | None = None
         self._rows: RowLayout | None = None
-        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
-                         objective=objective if objective is not None else build_grpo_objective(o), **kwargs)
+        objective = objective if objective is not None else build_grpo_objective(o)
+        if isinstance(objective, GRPOObjective):
+            # one iteration, one micro-batch, no correction: the update's forward is the trainer's forward at the
+            # sampling parameters, so it checks the sampler and the rollout skips a scoring forward of its own
+            objective = dataclasses.replace(objective, sampler_check=(
+                o.num_iterations == 1 and not o.vllm_importance_sampling_correction
+                and arguments.gradient_accumulation_steps == 1))
+        self._check_in_update = bool(getattr(objective, "sampler_check", False))
+        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer, objective=objective,
+                         **kwargs)
 
     # ---- configuration ----------------------------------------------------------------
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
@@ -278,12 +289,16 @@ class GRPOTrainer(Trainer):
                       seed=args.seed, step=step)
         jax.block_until_ready(out)
         t1 = time.perf_counter()
-        ids, seg, pos = rollout_rows(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
+        bucket = int(out.prompt_ids.shape[1])  # every process knows the prompts: the same cut everywhere
+        cut = bucket - kept_prompt_columns(bucket, max(len(r.prompt_ids) for r in rows))
+        ids, seg, pos = rollout_rows(out.prompt_ids[:, cut:], out.prompt_mask[:, cut:], out.completion_ids,
+                                     out.completion_mask)
         width = int(out.completion_ids.shape[1])
         device = {"input_ids": ids, "segment_ids": seg, "positions": pos, "completion_ids": out.completion_ids,
                   "completion_mask": out.completion_mask, "sampler": out.log_probs, "lengths": out.lengths,
-                  "truncated": out.truncated,
-                  "policy": self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width)}
+                  "truncated": out.truncated}
+        if not self._check_in_update:  # else the update's forward scores the tokens (rollout/logprob_diff_*)
+            device["policy"] = self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width)
         if o.beta != 0.0:
             device["ref_logps"] = self._reference_logps(state.params, state.frozen, self._reference, ids, seg, pos,
                                                         width=width)
@@ -308,7 +323,8 @@ class GRPOTrainer(Trainer):
         if failed:
             raise DataError(f"a reward function raised in process {failed[0]} (its log names it and the row); "
                             f"process {jax.process_index()} stops too")
-        diffs = logprob_diff_rows(h["policy"][own], h["sampler"][own], h["completion_mask"][own])
+        diffs = (np.zeros((len(own), 3)) if self._check_in_update else
+                 logprob_diff_rows(h["policy"][own], h["sampler"][own], h["completion_mask"][own]))
         every = layout.gather(np.concatenate([per_func.astype(np.float64), lengths[:, None].astype(np.float64),
                                               h["truncated"][own, None].astype(np.float64), diffs], axis=1))
         k = len(names)
@@ -317,6 +333,8 @@ class GRPOTrainer(Trainer):
         t3 = time.perf_counter()
         mask = np.asarray(h["completion_mask"], np.float32)
         extra = {"ref_logps": h["ref_logps"]} if o.beta != 0.0 else {}
+        if self._check_in_update:
+            extra["sampler_logps"] = h["sampler"]
         if o.num_iterations > 1:
             extra["old_logps"] = h["policy"]
         if o.vllm_importance_sampling_correction:
@@ -325,7 +343,8 @@ class GRPOTrainer(Trainer):
                 o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
         batch = objective_batch(h["input_ids"], h["segment_ids"], h["positions"], mask, h["truncated"],
                                 adv.advantages[layout.held], o.mask_truncated_completions, extra)
-        metrics = {**adv.metrics, **completion_metrics(lengths, truncated), **logprob_diff_figures(every[:, k + 2:]),
+        metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
+                   **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:])),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9)}
         window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
