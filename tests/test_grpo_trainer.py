@@ -105,10 +105,10 @@ def test_prompt_padding_is_cut_without_moving_a_log_prob():
     prompt_ids = (rng.integers(3, 48, (n, p)) * prompt_mask).astype(np.int32)
     completion_mask = (np.arange(c)[None, :] < rng.integers(1, c + 1, n)[:, None]).astype(np.int32)
     completion_ids = (rng.integers(3, 48, (n, c)) * completion_mask).astype(np.int32)
-    ids, mask = trim_prompt_padding(prompt_ids, prompt_mask)
+    ids, mask = trim_prompt_padding(prompt_ids, prompt_mask, int(lengths.max()))
     assert ids.shape == mask.shape == (n, 16)
     np.testing.assert_array_equal(mask.sum(axis=1), lengths)
-    assert trim_prompt_padding(prompt_ids[:, -8:], prompt_mask[:, -8:])[0].shape == (n, 8)  # nothing to cut
+    assert trim_prompt_padding(prompt_ids[:, -8:], prompt_mask[:, -8:], 8)[0].shape == (n, 8)  # nothing to cut
     model = _tiny(48)
     logps = jax.jit(lambda *rows: completion_token_stats(model, *rows, c)[0])
     full = logps(*rollout_rows(prompt_ids, prompt_mask, completion_ids, completion_mask))

@@ -7,6 +7,8 @@ plain array work that the tests can check apart from sampling.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -31,8 +33,10 @@ def kept_prompt_columns(width: int, longest: int) -> int:
     return min(width, -(-max(longest, 1) // step) * step)
 
 
-def trim_prompt_padding(prompt_ids: np.ndarray, prompt_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rollout's left-padded prompts cut to :func:`kept_prompt_columns` (the longest row's real tokens)."""
+def trim_prompt_padding(prompt_ids: Any, prompt_mask: Any, longest: int) -> tuple[Any, Any]:
+    """A rollout's left-padded prompts (host or device arrays) cut to :func:`kept_prompt_columns` for prompts of at
+    most ``longest`` real tokens. The caller passes ``longest`` from the prompts it sampled, which every process
+    knows, so every process cuts alike without reading the rows."""
     width = prompt_ids.shape[1]
-    keep = kept_prompt_columns(width, int(np.max(np.sum(np.asarray(prompt_mask) != 0, axis=1), initial=1)))
-    return np.asarray(prompt_ids)[:, width - keep:], np.asarray(prompt_mask)[:, width - keep:]
+    drop = width - kept_prompt_columns(width, longest)
+    return prompt_ids[:, drop:], prompt_mask[:, drop:]

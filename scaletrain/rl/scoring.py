@@ -55,11 +55,7 @@ def completion_metrics(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, 
 def logprob_diff(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.ndarray) -> dict[str, float]:
     """``rollout/logprob_diff_max`` and ``_mean``: how far the sampler's log-probabilities of its tokens are from
     the trainer's forward over the same tokens (0 for an exactly on-policy rollout)."""
-    keep = np.asarray(mask) != 0
-    diff = np.abs(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64))[keep]
-    if diff.size == 0:
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
-    return {"rollout/logprob_diff_max": float(diff.max()), "rollout/logprob_diff_mean": float(diff.mean())}
+    return logprob_diff_figures(logprob_diff_rows(trainer_logps, sampler_logps, mask))
 
 
 def logprob_diff_rows(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.ndarray) -> np.ndarray:

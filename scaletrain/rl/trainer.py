@@ -40,7 +40,7 @@ from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig
-from scaletrain.rl.batch import kept_prompt_columns
+from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
@@ -163,8 +163,8 @@ class GRPOTrainer(Trainer):
                 o.num_iterations == 1 and not o.vllm_importance_sampling_correction
                 and arguments.gradient_accumulation_steps == 1))
         self._check_in_update = bool(getattr(objective, "sampler_check", False))
-        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer, objective=objective,
-                         **kwargs)
+        super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
+                         objective=objective, **kwargs)
 
     # ---- configuration ----------------------------------------------------------------
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
@@ -172,7 +172,8 @@ class GRPOTrainer(Trainer):
         n = len(self.prompt_rows)
         if n < self.prompts_per_step:
             raise DataError(f"dataset_train has {n} prompts, fewer than the {self.prompts_per_step} a step samples "
-                            f"(training.total_batch_size={args.total_batch_size} / num_generations={o.num_generations})")
+                            f"(training.total_batch_size={args.total_batch_size} / "
+                            f"num_generations={o.num_generations})")
         batches = PromptBatches(n, self.prompts_per_step, seed=args.seed, shuffle=args.shuffle_train_dataset,
                                 num_epochs=args.num_train_epochs, repeats=o.num_iterations)
         self._train_source, self._eval_source = self.prompt_rows, None
@@ -289,10 +290,9 @@ class GRPOTrainer(Trainer):
                       seed=args.seed, step=step)
         jax.block_until_ready(out)
         t1 = time.perf_counter()
-        bucket = int(out.prompt_ids.shape[1])  # every process knows the prompts: the same cut everywhere
-        cut = bucket - kept_prompt_columns(bucket, max(len(r.prompt_ids) for r in rows))
-        ids, seg, pos = rollout_rows(out.prompt_ids[:, cut:], out.prompt_mask[:, cut:], out.completion_ids,
-                                     out.completion_mask)
+        prompt_ids, prompt_mask = trim_prompt_padding(out.prompt_ids, out.prompt_mask,
+                                                      max(len(r.prompt_ids) for r in rows))
+        ids, seg, pos = rollout_rows(prompt_ids, prompt_mask, out.completion_ids, out.completion_mask)
         width = int(out.completion_ids.shape[1])
         device = {"input_ids": ids, "segment_ids": seg, "positions": pos, "completion_ids": out.completion_ids,
                   "completion_mask": out.completion_mask, "sampler": out.log_probs, "lengths": out.lengths,
