@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before training took over SIGINT (while importing, tokenizing, ...)
         print("\nscaletrain: interrupted", file=sys.stderr)
         status = 130
-    except BaseException:
+    except Exception:
         if in_multiprocess_job():
             traceback.print_exc()
             leave_job(1)
