@@ -167,7 +167,8 @@ class RolloutEngine:
         cache = sharded_cache(model, b, p + new)
         hidden, cache = model.forward_with_cache(input_ids, positions, cache, 0, kv_valid)  # 0: a prefill
         pick = functools.partial(pick_tokens, keys=row_keys(seed, step, jnp.arange(b)), greedy=greedy,
-                                 temperature=temperature, inv_temperature=inv_temperature, top_k=top_k, top_p=top_p if use_top_p else None)
+                                 temperature=temperature, inv_temperature=inv_temperature, top_k=top_k,
+                                 top_p=top_p if use_top_p else None)
 
         def is_stop(tok: Array) -> Array:
             return jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
@@ -269,11 +270,11 @@ def rollout(source: Any, prompts: Any, sampling: SamplingParams, *, num_generati
     mesh = _mesh_of(params)
     engine = engine_for(graphdef, params, frozen)
     if mesh is None or not jax.sharding.get_abstract_mesh().empty:
-        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling),
-                          sampling, seed, step)
+        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling), sampling, seed,
+                          step)
     with jax.set_mesh(mesh):
-        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling),
-                          sampling, seed, step)
+        return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling), sampling, seed,
+                          step)
 
 
 def _bucket(engine: RolloutEngine, ids: np.ndarray, mask: np.ndarray, num_generations: int,

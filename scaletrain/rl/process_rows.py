@@ -90,7 +90,6 @@ class RowLayout:
         return jax.make_array_from_callback((self.n, *values.shape[1:]), sharding_of(values.ndim), rows)
 
 
-
 def failed_processes(failed: bool) -> list[int]:
     """The processes that say ``failed`` (a collective, as :meth:`RowLayout.gather`): a process whose own step
     fails tells the others, which would otherwise wait for it in their next collective."""
