@@ -149,7 +149,9 @@ class LaunchSection(BaseModel):
     ``JAX_PROCESS_ID``, then JAX's own cluster detection (Slurm, Cloud TPU, Open MPI).
     ``backend: auto`` picks ``jax`` when any of them says there are several processes.
     The timeouts bound every wait: joining (``initialization_timeout``) and noticing a
-    lost process (``heartbeat_timeout``), both in seconds.
+    lost process (``heartbeat_timeout``), both in seconds. Process 0 listens for the others
+    on the coordinator's own address (a loopback address stays on this host), or on
+    ``coordinator_bind_address`` when set (``0.0.0.0`` or ``::``: every interface).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -160,6 +162,7 @@ class LaunchSection(BaseModel):
     process_id: int | None = Field(None, ge=0)
     initialization_timeout: int = Field(300, ge=1)
     heartbeat_timeout: int = Field(60, ge=2)
+    coordinator_bind_address: str | None = Field(None, pattern=r"^[^\s:]+$|^\[?[0-9a-fA-F:.]+\]?$")
 
 
 class SweepSection(BaseModel):

@@ -285,3 +285,30 @@ def test_a_process_started_by_hand_names_the_lost_one_at_once():
                       "training.resume_if_possible=true to continue from the newest checkpoint"]
     assert took < 20, took
     print(f"\nprocess 0 named the lost process {took:.1f} s after the kill")
+
+
+def test_losing_process_0_is_one_line_on_the_survivor_and_the_job_listened_on_the_loopback_only():
+    """Two processes by hand on 127.0.0.1; while they run, nothing of the job listens on another interface
+    (JAX's coordination service binds the coordinator's address, not every interface; gloo's own listeners
+    are on the loopback too). kill -9 of process 0,
+    which hosts that service: the survivor says the documented line and nothing else on stderr, with no native
+    stack trace, whether our code sees the loss first (exit 3) or JAX ends it from C++ (SIGABRT)."""
+    from launch_net_testing import listening_addresses
+    from scaletrain.launch.jax.lost import lost_message
+
+    port = _free_port()
+    children = [subprocess.Popen([sys.executable, "-c", LOOP, str(port), str(rank)], env=_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        assert "steady" in (line.strip() for line in iter(children[0].stdout.readline, ""))
+        listening = listening_addresses(pids=[child.pid for child in children])  # coordinator, gloo
+        children[0].kill()
+        children[1].wait(timeout=60)
+        err = children[1].stderr.read()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert len(listening) >= 2 and all(ip.is_loopback for ip in listening), listening
+    assert children[1].returncode in (3, -6), err
+    assert err.splitlines() == [lost_message(1, 2, [0])], err

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.launch.batch_split import check_batch_split
-from scaletrain.launch.jax import rendezvous
+from scaletrain.launch.jax import rendezvous, stderr_guard
 from scaletrain.launch.jax.lost import run_naming_a_lost_process, publish_identity
 from scaletrain.launch.jax.settings import JaxJob, resolve_job
 
@@ -70,14 +70,18 @@ def _take_lock(output_dir: str) -> Any:
 
 
 def initialize(job: JaxJob) -> None:
-    """``jax.distributed.initialize`` for ``job`` (a no-op when this process already joined one)."""
+    """``jax.distributed.initialize`` for ``job`` (a no-op when this process already joined one); its
+    coordination service listens where :attr:`JaxJob.listen_host` says, and a survivor that JAX ends from
+    C++ says in one line which process was lost (:mod:`.stderr_guard`)."""
     import jax
 
     if jax.distributed.is_initialized():
         return
+    stderr_guard.install(job)
     jax.distributed.initialize(
         coordinator_address=job.coordinator_address, num_processes=job.num_processes, process_id=job.process_id,
         initialization_timeout=job.initialization_timeout, heartbeat_timeout_seconds=job.heartbeat_timeout,
+        coordinator_bind_address=job.bind_address,
     )
     if jax.process_count() != job.num_processes:  # the rendezvous makes this impossible; say so if it is not
         raise ConfigError(f"jax.distributed formed a job of {jax.process_count()} processes, not the "

@@ -120,13 +120,17 @@ def _without_heartbeat(client: Any, job: JaxJob) -> list[int]:
     return [0] if "error" in box and job.process_id != 0 else []
 
 
+def lost_message(process_id: int, num_processes: int, lost: list[int]) -> str:
+    """The one line a survivor says (here, or from :mod:`.stderr_guard` when JAX ends it from C++)."""
+    who = "process " + ", ".join(str(p) for p in lost) if lost else "a process"
+    return (f"scaletrain: error: lost {who} of {num_processes} (it stopped answering: killed, crashed "
+            f"or its host is unreachable); process {process_id} stops too. Start every process again with "
+            "training.resume_if_possible=true to continue from the newest checkpoint")
+
+
 def exit_lost(job: JaxJob, lost: list[int]) -> None:
     """One line naming the lost process(es), then exit now (JAX's exit would wait for them)."""
-    names = ", ".join(str(p) for p in lost)
     sys.stdout.flush()
-    sys.stderr.write(
-        f"scaletrain: error: lost process {names} of {job.num_processes} (it stopped answering: killed, crashed "
-        f"or its host is unreachable); process {job.process_id} stops too. Start every process again with "
-        "training.resume_if_possible=true to continue from the newest checkpoint\n")
+    sys.stderr.write(lost_message(job.process_id, job.num_processes, lost) + "\n")
     sys.stderr.flush()
     os._exit(LOST_EXIT)

@@ -13,12 +13,16 @@ them at once: go, or the one problem, which every process then raises as the sam
 whether the run may start at all (its ``admit`` callback takes ``output_dir``'s lock), so
 a refused run is refused by every process with one message and nothing is written.
 
-Then the listener is closed and JAX's coordination service binds the same port.
+Then the listener is closed and JAX's coordination service binds the same port. Both listen on
+the coordinator's own address only (:attr:`~.settings.JaxJob.listen_host`): a single-host job on
+127.0.0.1 cannot be reached from the network.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -53,17 +57,47 @@ def _read_line(conn: socket.socket, timeout: float) -> dict | None:
         return None
 
 
-def _listen(job: JaxJob) -> socket.socket:
-    port = job.host_port[1]
+def _listen(job: JaxJob) -> list[socket.socket]:
+    """Process 0's listening sockets: one per address :attr:`JaxJob.listen_host` resolves to (``localhost``
+    is both 127.0.0.1 and ::1), never every interface unless that is what was asked."""
+    host, port = job.listen_host, job.host_port[1]
     try:
-        if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        return socket.create_server(("", port))
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise ConfigError(f"process 0 cannot listen on {host!r} ({err.strerror}): launch.coordinator_address's "
+                          "host (or launch.coordinator_bind_address) must name this host") from None
+    servers: list[socket.socket] = []
+    try:
+        skipped: OSError | None = None
+        for family, *_, address in dict.fromkeys(found):
+            try:
+                servers.append(socket.create_server(address, family=family))
+            except OSError as err:  # an address family this host lacks (no ::1) is skipped; in use is not
+                if err.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    raise
+                skipped = err
+        if not servers and skipped is not None:
+            raise skipped
     except OSError as err:
+        for server in servers:
+            server.close()
         raise ConfigError(
-            f"process 0 cannot listen on the coordinator's port {port} ({err.strerror}): another job uses it; "
-            "choose another port (--coordinator HOST:PORT, launch.coordinator_address)"
+            f"process 0 cannot listen on {host}:{port} ({err.strerror}): another job uses the port, or the "
+            "address is not this host's; choose another port (--coordinator HOST:PORT, launch.coordinator_address) "
+            "or set launch.coordinator_bind_address to this host's address"
         ) from None
+    return servers
+
+
+def _accept(servers: list[socket.socket], timeout: float) -> socket.socket | None:
+    """The next connection on any of ``servers`` within ``timeout`` seconds, or None."""
+    ready, _, _ = select.select(servers, [], [], timeout)
+    if not ready:
+        return None
+    try:
+        return ready[0].accept()[0]
+    except OSError:
+        return None
 
 
 def host(job: JaxJob, admit: Callable[[], str | None]) -> None:
@@ -72,7 +106,7 @@ def host(job: JaxJob, admit: Callable[[], str | None]) -> None:
     deadline = time.monotonic() + job.initialization_timeout
     joined: set[int] = set()
     conns: list[socket.socket] = []  # every process that said hello, answered together
-    server = _listen(job)
+    servers = _listen(job)
     problem: str | None = None
     try:
         while len(joined) < job.num_processes - 1 and problem is None:
@@ -84,10 +118,8 @@ def host(job: JaxJob, admit: Callable[[], str | None]) -> None:
                            f"same coordinator and --num-processes {job.num_processes}, or raise "
                            "launch.initialization_timeout")
                 break
-            server.settimeout(min(left, 1.0))
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
+            conn = _accept(servers, min(left, 1.0))
+            if conn is None:
                 continue
             hello = _read_line(conn, min(10.0, max(deadline - time.monotonic(), 0.1)))
             if hello is None:
@@ -105,7 +137,8 @@ def host(job: JaxJob, admit: Callable[[], str | None]) -> None:
     finally:
         for conn in conns:
             conn.close()
-        server.close()
+        for server in servers:
+            server.close()
     if problem:
         raise ConfigError(problem)
 

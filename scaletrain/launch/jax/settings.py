@@ -42,11 +42,26 @@ class JaxJob:
     initialization_timeout: int
     heartbeat_timeout: int
     source: str
+    bind_host: str = ""  # launch.coordinator_bind_address; "" means the coordinator's own host
 
     @property
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.coordinator_address.rpartition(":")
         return host.strip("[]"), int(port)
+
+    @property
+    def listen_host(self) -> str:
+        """Where process 0 listens (our rendezvous and JAX's coordination service): the address the others
+        were told to reach, so a loopback coordinator is reachable from this host only. Listening on every
+        interface (JAX's default) lets anyone who reaches the host join or disturb the job; it takes an
+        explicit ``launch.coordinator_bind_address`` of ``0.0.0.0`` or ``::``."""
+        return self.bind_host.strip("[]") or self.host_port[0]
+
+    @property
+    def bind_address(self) -> str:
+        """:attr:`listen_host` with the coordinator's port, as ``jax.distributed.initialize`` takes it."""
+        host = self.listen_host
+        return f"[{host}]:{self.host_port[1]}" if ":" in host else f"{host}:{self.host_port[1]}"
 
     def describe(self) -> str:
         return (f"jax.distributed: process {self.process_id} of {self.num_processes}, coordinator "
@@ -140,7 +155,7 @@ def resolve_job(recipe: Recipe) -> JaxJob:
         return int(easydel[key] if key in easydel and key not in launch.model_fields_set else getattr(launch, key))
 
     init_timeout, beat = timeout("initialization_timeout"), timeout("heartbeat_timeout")
-    return JaxJob(address, count, pid, init_timeout, beat, where)
+    return JaxJob(address, count, pid, init_timeout, beat, where, launch.coordinator_bind_address or "")
 
 
 def _detect(recipe: Recipe, values: dict[str, Any]) -> tuple[dict[str, Any], str]:

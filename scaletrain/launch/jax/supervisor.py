@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import IO
 
 from scaletrain.errors import ConfigError
@@ -37,6 +38,8 @@ from scaletrain.launch.batch_split import check_batch_split
 #: grace given to the other processes after one failed, before they are killed (seconds)
 DEFAULT_KILL_AFTER = 30.0
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
+#: how a process says it stops because another was lost (:func:`~scaletrain.launch.jax.lost.lost_message`)
+_LOST_LINE = b"scaletrain: error: lost "
 
 
 def child_env(rank: int, token: str) -> dict[str, str]:
@@ -71,12 +74,30 @@ def _die_with_parent() -> Callable[[], None] | None:
     return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
-def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock) -> None:
+@dataclass
+class _Said:
+    """What a child's output told, as its pumps read it: whether it stops because another process was lost,
+    and how many of its streams are still open. A process that JAX ends says the lost line through its
+    stderr guard after it died, so its output is read to the end before it is judged."""
+
+    lost: bool = False
+    open_streams: int = 2
+    exited_at: float | None = None
+
+    def heard(self, now: float) -> bool:
+        """Whether its exit can be judged: its output ended, or it exited more than 2 s ago."""
+        return self.open_streams == 0 or (self.exited_at is not None and now - self.exited_at > 2.0)
+
+
+def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock, said: _Said) -> None:
     for line in iter(stream.readline, b""):
         with lock:
+            said.lost = said.lost or line.startswith(_LOST_LINE)
             out.write(prefix + line)
             out.flush()
     stream.close()
+    with lock:
+        said.open_streams -= 1
 
 
 def _status(code: int) -> int:
@@ -118,6 +139,7 @@ def launch_processes(recipe_path: str, overrides: Sequence[str], nproc: int, *,
 def _supervise(commands: list[list[str]], token: str, kill_after: float) -> int:
     out_lock = threading.Lock()
     children: list[subprocess.Popen] = []
+    said: list[_Said] = []
     pumps: list[threading.Thread] = []
     signals: list[int] = []
     previous = {}
@@ -131,12 +153,13 @@ def _supervise(commands: list[list[str]], token: str, kill_after: float) -> int:
             child = subprocess.Popen(command, env=child_env(rank, token), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True, preexec_fn=on_parent_death)
             children.append(child)
+            said.append(_Said())
             for stream, out in ((child.stdout, sys.stdout.buffer), (child.stderr, sys.stderr.buffer)):
-                pump = threading.Thread(target=_pump, args=(stream, f"[{rank}] ".encode(), out, out_lock),
-                                        daemon=True)
+                pump = threading.Thread(target=_pump, args=(stream, f"[{rank}] ".encode(), out, out_lock,
+                                                            said[rank]), daemon=True)
                 pump.start()
                 pumps.append(pump)
-        status = _watch(children, signals, kill_after, out_lock)
+        status = _watch(children, signals, kill_after, out_lock, said)
     finally:
         for child in children:
             if child.poll() is None:
@@ -149,7 +172,8 @@ def _supervise(commands: list[list[str]], token: str, kill_after: float) -> int:
     return status
 
 
-def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: float, out_lock: threading.Lock) -> int:
+def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: float, out_lock: threading.Lock,
+           said: list[_Said]) -> int:
     """Wait for the children; forward signals; after the first failure, kill the rest after ``kill_after`` s."""
     forwarded = 0
     failure: tuple[int, float] | None = None  # (status, when)
@@ -165,7 +189,7 @@ def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: flo
                 if child.poll() is None:
                     child.send_signal(how)
         if failure is None:
-            if (cause := _cause(children)) is not None:
+            if (cause := _cause(children, said)) is not None:
                 rank, child = cause
                 failure = (_status(child.returncode), time.monotonic())
                 why = (" after the forwarded signal" if forwarded else
@@ -176,19 +200,24 @@ def _watch(children: list[subprocess.Popen], signals: list[int], kill_after: flo
             for child in children:
                 if child.poll() is None:
                     child.kill()
-        if not running:
-            break
+        if not running and all(heard.heard(time.monotonic()) for heard in said):
+            break  # every process ended and what it said was read
         time.sleep(0.1)
     return failure[0] if failure is not None else 0
 
 
-def _cause(children: list[subprocess.Popen]) -> tuple[int, subprocess.Popen] | None:
+def _cause(children: list[subprocess.Popen], said: list[_Said]) -> tuple[int, subprocess.Popen] | None:
     """The failed child to report, or None: one that did not merely stop because another was lost
-    (:data:`~scaletrain.launch.jax.lost.LOST_EXIT`) first, since it is the cause; then the lowest rank."""
+    (:data:`~scaletrain.launch.jax.lost.LOST_EXIT`, or ended by JAX after saying so) first, since it is
+    the cause; then the lowest rank."""
     from scaletrain.launch.jax.lost import LOST_EXIT
 
-    failed = [(rank, c) for rank, c in enumerate(children) if c.poll() not in (None, 0)]
-    return min(failed, key=lambda rc: (rc[1].returncode == LOST_EXIT, rc[0]), default=None)
+    now = time.monotonic()
+    for child, heard in zip(children, said):
+        if heard.exited_at is None and child.poll() is not None:
+            heard.exited_at = now
+    failed = [(rank, c) for rank, c in enumerate(children) if c.poll() not in (None, 0) and said[rank].heard(now)]
+    return min(failed, key=lambda rc: (rc[1].returncode == LOST_EXIT or said[rc[0]].lost, rc[0]), default=None)
 
 
 def _say(lock: threading.Lock, text: str) -> None:

@@ -129,7 +129,9 @@ def init_jax_distributed(rank: int, world_size: int) -> None:
 
     address = f"{get_node_ip_address()}:{free_port()}" if rank == 0 else None
     address = broadcast_from_rank_zero(address)
-    jax.distributed.initialize(coordinator_address=address, num_processes=world_size, process_id=rank)
+    # the coordination service listens on the node's address the workers were given, not on every interface
+    jax.distributed.initialize(coordinator_address=address, num_processes=world_size, process_id=rank,
+                               coordinator_bind_address=address)
 
 
 def worker_loop(config: dict[str, Any]) -> None:
