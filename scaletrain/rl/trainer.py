@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
+from scaletrain.log_files import append_lines
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
@@ -72,6 +73,8 @@ from scaletrain.training.steps import train_step
 from scaletrain.training.trainer import Trainer
 
 logger = logging.getLogger("scaletrain")
+
+COMPLETIONS_FILE = "completions.jsonl"
 
 
 @dataclasses.dataclass
@@ -360,10 +363,10 @@ class GRPOTrainer(Trainer):
         return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
+        """One whole append (``log_files``): a refused write leaves the file as it was and names it."""
         os.makedirs(self.arguments.output_dir, exist_ok=True)
-        with open(os.path.join(self.arguments.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        append_lines(os.path.join(self.arguments.output_dir, COMPLETIONS_FILE),
+                     [json.dumps(record, ensure_ascii=False) for record in records])
 
     # ---- evaluation and checkpoints -------------------------------------------------------
     def evaluate(self, state: TrainState | None = None, metric_calculator: Any = None) -> dict[str, float]:

@@ -1,0 +1,85 @@
+"""The logs a run appends to hold whole lines (issue 45, item 1).
+
+A write refused part-way is made by the kernel itself: the file-size limit (``RLIMIT_FSIZE``,
+with SIGXFSZ ignored) lets a write fill the bytes up to the limit and refuses the rest with
+EFBIG, as a disk that fills up mid-write refuses with ENOSPC (both are "no room",
+``training/disk_full.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+# writes `record` through WRITER to PATH under a file-size limit that leaves ROOM bytes; prints what it raised
+REFUSED_APPEND = """
+import json, os, resource, signal, sys
+from scaletrain.cli import report_user_error
+path, writer, room = sys.argv[1], sys.argv[2], int(sys.argv[3])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+if writer == "JsonlWriter":
+    from scaletrain.training.loggers import JsonlWriter
+    log = JsonlWriter(path)
+    write = log.write
+else:
+    from scaletrain.log_files import append_lines
+    write = lambda record: append_lines(path, [json.dumps(record)])
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path) + room, resource.RLIM_INFINITY))
+try:
+    write({"step": 3, "text": "x" * 4 * room})
+except OSError as err:
+    print(json.dumps({"errno": err.errno, "filename": err.filename}))
+    sys.exit(report_user_error(err))
+"""
+
+
+@pytest.mark.parametrize("writer", ["JsonlWriter", "append_lines"])
+def test_a_write_refused_part_way_leaves_the_log_as_it_was_and_names_it(writer, tmp_path):
+    """metrics.jsonl's writer and the one completions.jsonl and ray_attempts.jsonl append through."""
+    path = tmp_path / "log.jsonl"
+    before = b'{"step": 1}\n{"step": 2}\n'
+    path.write_bytes(before)
+    res = subprocess.run([sys.executable, "-c", REFUSED_APPEND, str(path), writer, "10"], capture_output=True,
+                         text=True, timeout=120, env=ENV)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert json.loads(res.stdout) == {"errno": 27, "filename": str(path)}  # EFBIG, after 10 bytes were written
+    assert res.stderr == f"scaletrain: error: cannot write {path} (File too large); free space or move " \
+                         "training.output_dir, then resume with training.resume_if_possible=true\n"
+    assert path.read_bytes() == before
+
+
+def test_a_cut_last_line_is_removed_when_a_run_opens_its_log_saying_so(tmp_path, caplog):
+    """What a refused write could leave before (or when the disk refused even the cut back): repaired on open."""
+    from scaletrain.training.loggers import JsonlWriter
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"st')
+    writer = JsonlWriter(str(path))
+    writer.write({"step": 3})
+    writer.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": s} for s in (1, 2, 3)]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{path}: its last line was cut (4 bytes, a write refused part-way); removed it, the file keeps its "
+        "earlier whole lines"]
+
+
+def test_a_resume_cuts_records_after_its_step_and_refuses_a_line_that_is_no_record(tmp_path):
+    from scaletrain.errors import DataError
+    from scaletrain.log_files import drop_records_after
+
+    path = tmp_path / "completions.jsonl"
+    lines = [json.dumps({"step": s, "completion": "é"}, ensure_ascii=False) + "\n" for s in (2, 2, 4, 4, 6)]
+    path.write_text("".join(lines) + '{"step": 8, "compl', encoding="utf-8")
+    assert drop_records_after(str(path), 4) == 1  # the cut line goes first, then step 6
+    assert path.read_text(encoding="utf-8") == "".join(lines[:4])
+    assert drop_records_after(str(path), 4) == 0 and drop_records_after(str(tmp_path / "none.jsonl"), 4) == 0
+    path.write_text(lines[0] + "not json\n" + lines[2])
+    with pytest.raises(DataError, match=f"^{path}, line 2: not a JSON record with a step"):
+        drop_records_after(str(path), 2)
