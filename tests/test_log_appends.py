@@ -1,4 +1,4 @@
-"""The logs a run appends to hold whole lines (issue 45, item 1).
+"""The logs a run appends to hold whole lines; completions are logged on TRL's logging steps (issue 45, items 1, 22).
 
 A write refused part-way is made by the kernel itself: the file-size limit (``RLIMIT_FSIZE``,
 with SIGXFSZ ignored) lets a write fill the bytes up to the limit and refuses the rest with
@@ -83,3 +83,19 @@ def test_a_resume_cuts_records_after_its_step_and_refuses_a_line_that_is_no_reco
     path.write_text(lines[0] + "not json\n" + lines[2])
     with pytest.raises(DataError, match=f"^{path}, line 2: not a JSON record with a step"):
         drop_records_after(str(path), 2)
+
+
+def test_the_logged_rollouts_are_those_of_every_nth_step():
+    """TRL logs completions on its logging steps (N, 2N, ...); a rollout reused by μ steps is written once, under the
+    step that sampled it, when one of its steps is such a step; none past the last step."""
+    from scaletrain.rl.scoring import logs_completions
+
+    def logged(mu: int, every: int, last: int) -> list[int]:
+        return [s for s in range(1, last + 1, mu) if logs_completions(s, mu, every, last)]
+
+    assert logged(1, 3, 12) == [3, 6, 9, 12]  # the issue's run logged 1, 3, 6, 9, 12
+    assert logged(1, 1, 4) == [1, 2, 3, 4]
+    assert logged(2, 4, 8) == [3, 7]  # sampled at 3 and 7, trained at 3-4 and 7-8
+    assert logged(3, 2, 12) == [1, 4, 7, 10]  # every cycle of 3 holds an even step
+    assert logged(3, 4, 12) == [4, 7, 10]  # 4 in 4-6, 8 in 7-9, 12 in 10-12
+    assert logged(2, 4, 7) == [3]  # the rollout of step 7 trains no 8th step

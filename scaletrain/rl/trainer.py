@@ -9,7 +9,7 @@ functions, form group advantages, and take one optimizer step of the GRPO object
 (``scaletrain.objectives.grpo``). With ``num_iterations`` = μ the rollout batch is reused for μ
 steps, its old log-probabilities stored. Figures under TRL's names, the time split
 (``time/rollout``, ``time/reference``, ``time/rewards``, ``time/update``), rollout tokens/s, and
-``completions.jsonl`` every ``log_completions_steps`` steps.
+``completions.jsonl`` on every ``log_completions_steps``-th step (the rollout it trains on, as TRL's logging steps).
 
 ``training.total_batch_size`` counts completions, as TRL's batch does: a step samples
 ``total_batch_size / num_generations`` prompts.
@@ -53,6 +53,7 @@ from scaletrain.rl.scoring import (
     decode,
     logprob_diff_figures,
     logprob_diff_rows,
+    logs_completions,
     objective_batch,
     reward_inputs,
 )
@@ -156,7 +157,6 @@ class GRPOTrainer(Trainer):
         self._reference: FrozenModel | None = None
         self._reference_source: str | None = None
         self.reference_record: dict[str, Any] | None = None
-        self._completions_window: int | None = None
         self._rows: RowLayout | None = None
         objective = objective if objective is not None else build_grpo_objective(o)
         if isinstance(objective, GRPOObjective):
@@ -350,9 +350,8 @@ class GRPOTrainer(Trainer):
                    **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:])),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9)}
-        window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
-        if o.log_completions and window != self._completions_window:
-            self._completions_window = window
+        if o.log_completions and logs_completions(step, o.num_iterations, o.log_completions_steps,
+                                                  self.max_training_steps):
             all_ids = layout.gather(comp_ids)  # every process takes part; process 0 writes
             if self.is_main_process:
                 shown = len(all_ids) if o.num_completions_to_print is None else o.num_completions_to_print
