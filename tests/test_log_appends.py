@@ -1,21 +1,29 @@
-"""The logs a run appends to hold whole lines; completions are logged on TRL's logging steps (issue 45, items 1, 22).
+"""The logs a run appends to hold whole lines, and after a resume what an uninterrupted run's hold (issue 45, 1 3 22).
 
 A write refused part-way is made by the kernel itself: the file-size limit (``RLIMIT_FSIZE``,
 with SIGXFSZ ignored) lets a write fill the bytes up to the limit and refuses the rest with
 EFBIG, as a disk that fills up mid-write refuses with ENOSPC (both are "no room",
-``training/disk_full.py``).
+``training/disk_full.py``). The GRPO runs are tests/grpo_logs_worker.py in subprocesses on one
+CPU device (as tests/test_grpo_resume.py's), so the uninterrupted run and the interrupted one
+compute the same bytes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
+from preference_testing import word_tokenizer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "grpo_logs_worker.py")
+PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog",
+           "is the cat a dog", "say goodbye"]
 ENV = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 # writes `record` through WRITER to PATH under a file-size limit that leaves ROOM bytes; prints what it raised
@@ -99,3 +107,65 @@ def test_the_logged_rollouts_are_those_of_every_nth_step():
     assert logged(3, 2, 12) == [1, 4, 7, 10]  # every cycle of 3 holds an even step
     assert logged(3, 4, 12) == [4, 7, 10]  # 4 in 4-6, 8 in 7-9, 12 in 10-12
     assert logged(2, 4, 7) == [3]  # the rollout of step 7 trains no 8th step
+
+
+# ---- GRPO runs: kill -9, a refused write, and the uninterrupted run -----------------------------------
+def _worker(workdir, run: str, *mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, WORKER, str(workdir), run, *mode], capture_output=True, text=True,
+                          timeout=600, env=ENV)
+
+
+def _steps(path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """The tokenizer, the prompts and the uninterrupted run (steps 1-6, checkpoints at 3 and 6)."""
+    work = tmp_path_factory.mktemp("grpo-logs")
+    word_tokenizer(str(work / "tok"))
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    ref = _worker(work, "ref")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return work
+
+
+def test_completions_are_logged_on_every_nth_step(workdir):
+    """log_completions_steps=2 over 6 steps of one iteration: steps 2, 4, 6, each with all 16 completions."""
+    assert _steps(workdir / "ref" / "completions.jsonl") == [2] * 16 + [4] * 16 + [6] * 16
+
+
+def test_a_full_disk_during_a_completions_write_leaves_every_line_whole_and_the_resume_ends_as_the_full_run(workdir):
+    """Step 6's completions are refused after 64 bytes: the file keeps steps 2 and 4 whole, the run ends with the one
+    line naming it; resumed from the checkpoint of step 3, it drops step 4 (redone) and ends byte for byte as the
+    uninterrupted run's file."""
+    out, ref = workdir / "full", (workdir / "ref" / "completions.jsonl").read_bytes()
+    failed = _worker(workdir, "full", "limit", "6")
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert failed.stderr.splitlines() == [
+        f"scaletrain: error: cannot write {out / 'completions.jsonl'} (File too large); free space or move "
+        "training.output_dir, then resume with training.resume_if_possible=true"]
+    written = (out / "completions.jsonl").read_bytes()
+    assert written == ref[:len(written)] and _steps(out / "completions.jsonl") == [2] * 16 + [4] * 16
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        assert all(json.loads(line) for line in (out / name).read_text().splitlines(keepends=True)
+                   if line.endswith("\n"))
+        assert (out / name).read_bytes().endswith(b"\n")
+    resumed = _worker(workdir, "full")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "completions.jsonl: removed 16 records of step 4, logged after step 3 where this run resumes" \
+        in resumed.stderr
+    assert (out / "completions.jsonl").read_bytes() == ref
+
+
+def test_a_run_killed_after_its_checkpoint_resumes_to_the_uninterrupted_runs_completions_file(workdir):
+    """Killed after step 5 (checkpoint 3, completions of steps 2 and 4 written): the resume redoes steps 4-6 and the
+    file holds each logged step once, byte for byte the uninterrupted run's."""
+    out = workdir / "killed"
+    killed = _worker(workdir, "killed", "kill", "5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert _steps(out / "completions.jsonl") == [2] * 16 + [4] * 16
+    resumed = _worker(workdir, "killed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("/3")
+    assert (out / "completions.jsonl").read_bytes() == (workdir / "ref" / "completions.jsonl").read_bytes()

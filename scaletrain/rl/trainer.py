@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
-from scaletrain.log_files import append_lines
+from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
@@ -390,6 +390,15 @@ class GRPOTrainer(Trainer):
         return position
 
     def maybe_resume(self, state: TrainState) -> TrainState:
+        """:meth:`_resume_checked`; then, once every check has passed, ``completions.jsonl`` cut back to the step
+        resumed from: the steps this run redoes write their records again (an uninterrupted run's file results)."""
+        state = self._resume_checked(state)
+        args = self.arguments
+        if self.is_main_process and (self.resumed_from is not None or args.resume_if_possible):
+            drop_records_after(os.path.join(args.output_dir, COMPLETIONS_FILE), int(jax.device_get(state.step)))
+        return state
+
+    def _resume_checked(self, state: TrainState) -> TrainState:
         """The base resume; then the reference check (a run resumed against another reference is refused) and,
         inside a ``num_iterations`` cycle, the stored rollout put back so the next step reuses it as is."""
         state = super().maybe_resume(state)
