@@ -10,6 +10,7 @@ compute the same bytes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import sys
 import pytest
 
 from preference_testing import word_tokenizer
+from test_disk_full import _fill, small_disk  # noqa: F401 (a fixture: a real small tmpfs)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "grpo_logs_worker.py")
@@ -60,6 +62,31 @@ def test_a_write_refused_part_way_leaves_the_log_as_it_was_and_names_it(writer, 
     assert json.loads(res.stdout) == {"errno": 27, "filename": str(path)}  # EFBIG, after 10 bytes were written
     assert res.stderr == f"scaletrain: error: cannot write {path} (File too large); free space or move " \
                          "training.output_dir, then resume with training.resume_if_possible=true\n"
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("writer", ["JsonlWriter", "append_lines"])
+def test_a_real_full_disk_during_an_append_leaves_the_log_as_it_was_and_names_it(writer, small_disk):
+    """On a filled tmpfs (root only) the kernel writes what fits in the file's last page, then says ENOSPC."""
+    from scaletrain.log_files import append_lines
+    from scaletrain.training.loggers import JsonlWriter
+
+    path = small_disk / "log.jsonl"
+    before = b'{"step": 1}\n'
+    path.write_bytes(before)
+    ballast = _fill(small_disk, 0)
+    record = {"step": 2, "text": "x" * 3 * 4096}  # more than the rest of the file's page: written in part
+    with pytest.raises(OSError) as err:
+        if writer == "JsonlWriter":
+            log = JsonlWriter(str(path))
+            try:
+                log.write(record)
+            finally:
+                log.close()
+        else:
+            append_lines(str(path), [json.dumps(record)])
+    os.remove(ballast)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)
     assert path.read_bytes() == before
 
 
