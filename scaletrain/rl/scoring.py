@@ -103,3 +103,17 @@ def completion_records(step: int, prompts: list[Any], completions: list[Any], re
             "advantage": float(advantages[i]),
         })
     return out
+
+
+def logs_completions(step: int, num_iterations: int, every: int, last_step: int) -> bool:
+    """Whether the rollout sampled at ``step`` goes to ``completions.jsonl``: one of the steps it trains
+    (``step`` to the end of its ``num_iterations`` cycle, at most ``last_step``) is a multiple of ``every``.
+
+    Why: TRL logs completions on its logging steps (N, 2N, ...: the rollout each trains on); with
+    one iteration those are the logged steps. A rollout reused by several logging steps is written
+    once, under the step that sampled it, so a resume that cuts the records after its checkpoint
+    (``log_files.drop_records_after``) never cuts one it will not sample again. Cycles start at steps
+    1, 1 + μ, ... (``PromptBatches`` repeats each batch μ times).
+    """
+    cycle_end = min(((step - 1) // num_iterations + 1) * num_iterations, last_step)
+    return cycle_end >= step and cycle_end // every > (step - 1) // every

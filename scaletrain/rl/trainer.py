@@ -9,7 +9,7 @@ functions, form group advantages, and take one optimizer step of the GRPO object
 (``scaletrain.objectives.grpo``). With ``num_iterations`` = μ the rollout batch is reused for μ
 steps, its old log-probabilities stored. Figures under TRL's names, the time split
 (``time/rollout``, ``time/reference``, ``time/rewards``, ``time/update``), rollout tokens/s, and
-``completions.jsonl`` every ``log_completions_steps`` steps.
+``completions.jsonl`` on every ``log_completions_steps``-th step (the rollout it trains on, as TRL's logging steps).
 
 ``training.total_batch_size`` counts completions, as TRL's batch does: a step samples
 ``total_batch_size / num_generations`` prompts.
@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
+from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
@@ -52,6 +53,7 @@ from scaletrain.rl.scoring import (
     decode,
     logprob_diff_figures,
     logprob_diff_rows,
+    logs_completions,
     objective_batch,
     reward_inputs,
 )
@@ -72,6 +74,8 @@ from scaletrain.training.steps import train_step
 from scaletrain.training.trainer import Trainer
 
 logger = logging.getLogger("scaletrain")
+
+COMPLETIONS_FILE = "completions.jsonl"
 
 
 @dataclasses.dataclass
@@ -153,7 +157,6 @@ class GRPOTrainer(Trainer):
         self._reference: FrozenModel | None = None
         self._reference_source: str | None = None
         self.reference_record: dict[str, Any] | None = None
-        self._completions_window: int | None = None
         self._rows: RowLayout | None = None
         objective = objective if objective is not None else build_grpo_objective(o)
         if isinstance(objective, GRPOObjective):
@@ -347,9 +350,8 @@ class GRPOTrainer(Trainer):
                    **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:])),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9)}
-        window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
-        if o.log_completions and window != self._completions_window:
-            self._completions_window = window
+        if o.log_completions and logs_completions(step, o.num_iterations, o.log_completions_steps,
+                                                  self.max_training_steps):
             all_ids = layout.gather(comp_ids)  # every process takes part; process 0 writes
             if self.is_main_process:
                 shown = len(all_ids) if o.num_completions_to_print is None else o.num_completions_to_print
@@ -360,10 +362,10 @@ class GRPOTrainer(Trainer):
         return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
+        """One whole append (``log_files``): a refused write leaves the file as it was and names it."""
         os.makedirs(self.arguments.output_dir, exist_ok=True)
-        with open(os.path.join(self.arguments.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        append_lines(os.path.join(self.arguments.output_dir, COMPLETIONS_FILE),
+                     [json.dumps(record, ensure_ascii=False) for record in records])
 
     # ---- evaluation and checkpoints -------------------------------------------------------
     def evaluate(self, state: TrainState | None = None, metric_calculator: Any = None) -> dict[str, float]:
@@ -388,6 +390,15 @@ class GRPOTrainer(Trainer):
         return position
 
     def maybe_resume(self, state: TrainState) -> TrainState:
+        """:meth:`_resume_checked`; then, once every check has passed, ``completions.jsonl`` cut back to the step
+        resumed from: the steps this run redoes write their records again (an uninterrupted run's file results)."""
+        state = self._resume_checked(state)
+        args = self.arguments
+        if self.is_main_process and (self.resumed_from is not None or args.resume_if_possible):
+            drop_records_after(os.path.join(args.output_dir, COMPLETIONS_FILE), int(jax.device_get(state.step)))
+        return state
+
+    def _resume_checked(self, state: TrainState) -> TrainState:
         """The base resume; then the reference check (a run resumed against another reference is refused) and,
         inside a ``num_iterations`` cycle, the stored rollout put back so the next step reuses it as is."""
         state = super().maybe_resume(state)

@@ -17,8 +17,10 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from scaletrain.log_files import AppendLog, repair_last_line
 
 logger = logging.getLogger("scaletrain")
 
@@ -103,7 +105,8 @@ class WandbWriter:
 
 
 class JsonlWriter:
-    """Append-only JSON-lines file, flushed per line so a killed run keeps its log.
+    """Append-only JSON-lines file, one whole line per record (``scaletrain/log_files.py``), so a killed run
+    keeps its log and a refused write leaves no half line.
 
     The run's record: a line it cannot write (a full disk) ends the run, as an
     ``OSError`` naming the file (the CLI turns a lack of room into one line).
@@ -112,51 +115,14 @@ class JsonlWriter:
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
-        drop_partial_line(path)
-        self._f = open(path, "a", buffering=1)
+        repair_last_line(path)
+        self._log = AppendLog(path)
 
     def write(self, record: dict[str, Any]) -> None:
-        with self._naming_the_file():
-            self._f.write(json.dumps(record, sort_keys=True) + "\n")
+        self._log.append(json.dumps(record, sort_keys=True) + "\n")
 
     def close(self) -> None:
-        with self._naming_the_file():
-            self._f.close()
-
-    @contextlib.contextmanager
-    def _naming_the_file(self) -> Iterator[None]:
-        """A file object's OSError names no file; the user must learn which one."""
-        try:
-            yield
-        except OSError as err:
-            err.filename = err.filename or self.path
-            raise
-
-
-def drop_partial_line(path: str) -> None:
-    """Cut what follows the last newline of ``path``: a record a refused write left half-written.
-
-    Why: a line is appended whole or the run ends (a full disk can take half of it); a
-    resumed run appending after that half would glue its first record to it, and the
-    file would no longer be one JSON object per line.
-    """
-    try:
-        f = open(path, "rb+")
-    except FileNotFoundError:
-        return
-    with f:
-        end = f.seek(0, os.SEEK_END)
-        keep = end
-        while keep > 0:
-            start = max(0, keep - 65536)
-            f.seek(start)
-            newline = f.read(keep - start).rfind(b"\n")
-            if newline >= 0:
-                keep = start + newline + 1
-                break
-            keep = start
-        if keep < end:
-            f.truncate(keep)
+        self._log.close()
 
 
 class SideLogger:

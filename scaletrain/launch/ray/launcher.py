@@ -66,6 +66,7 @@ from scaletrain.launch.ray.worker_callbacks import (
     report_callback,
     restart_marker_callback,
 )
+from scaletrain.log_files import append_lines
 from scaletrain.logs import setup_logging
 from scaletrain.training.checkpoint import CHECKPOINT_DIR, refuse_start_over, step_folders
 from scaletrain.training.outputs import read_summary
@@ -152,10 +153,9 @@ def worker_loop(config: dict[str, Any]) -> None:
     lock = adopt_run_lock(out, config["run_lock_token"]) if jax.process_index() == 0 else None
     try:
         if rank == 0:
-            with open(os.path.join(out, ATTEMPTS_FILE), "a") as f:
-                f.write(json.dumps({"started": started, "jax_ready": time.time(),
-                                    "processes": jax.process_count(), "devices": jax.device_count(),
-                                    "attempt": attempt}) + "\n")
+            append_lines(os.path.join(out, ATTEMPTS_FILE), [json.dumps({
+                "started": started, "jax_ready": time.time(), "processes": jax.process_count(),
+                "devices": jax.device_count(), "attempt": attempt})])
         callbacks = [report_callback(), placement_callback(os.path.join(out, RAY_DIR)),
                      RelayDriverStop(stop_request_path(os.path.join(out, RAY_DIR)))]
         if attempt > 1:
@@ -329,6 +329,6 @@ def _read_placement(output_dir: str, rank: int) -> dict[str, Any]:
 def _read_attempts(output_dir: str) -> list[dict[str, Any]]:
     try:
         with open(os.path.join(output_dir, ATTEMPTS_FILE)) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return [json.loads(line) for line in f if line.strip() and line.endswith("\n")]  # whole lines
     except OSError:
         return []

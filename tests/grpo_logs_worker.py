@@ -1,0 +1,78 @@
+"""A tiny GRPO recipe run that logs completions on steps 2, 4 and 6, used as a subprocess by tests/test_log_appends.py.
+
+Usage: python grpo_logs_worker.py WORKDIR RUN [- | kill STEP | limit STEP]
+WORKDIR holds prompts.jsonl and tok/ (written by the test); the run goes to WORKDIR/RUN.
+``kill STEP``: SIGKILL right after STEP, once its checkpoint writes are complete.
+``limit STEP``: just before STEP, with every checkpoint written, the kernel's file-size limit
+(``RLIMIT_FSIZE``, SIGXFSZ ignored) is set to 64 bytes beyond ``completions.jsonl``'s size, so
+STEP's completions are written part-way and then refused (EFBIG), as a disk that fills up
+refuses them; the run ends as ``scaletrain train`` ends it (``report_user_error``: one line).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+from typing import Any
+
+import scaletrain as st
+
+from resume_worker import KillAt
+
+LOG_EVERY, SAVE_STEPS, MAX_STEPS = 2, 3, 6
+ROOM = 64  # bytes the limited file may still grow: less than one completion record
+
+
+def recipe(workdir: str, out: str) -> st.Recipe:
+    return st.Recipe.from_dict({
+        "model": {"type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": None},
+        "tokenizer": {"path": os.path.join(workdir, "tok")},
+        "data": {"kind": "prompt", "source": os.path.join(workdir, "prompts.jsonl")},
+        "training": {"output_dir": out, "total_batch_size": 16, "max_length": 32, "num_train_epochs": None,
+                     "max_training_steps": MAX_STEPS, "learning_rate": 3e-2, "scheduler": "constant",
+                     "log_steps": 1, "save_steps": SAVE_STEPS, "resume_if_possible": True, "progress_bar": False,
+                     "report_to": []},
+        "objective": {"type": "grpo", "num_generations": 4, "max_completion_length": 6,
+                      "reward_funcs": [{"function": "format_regex", "pattern": r"(?s).*\b(yes|no|maybe|one|two)\b.*"}],
+                      "log_completions_steps": LOG_EVERY},
+    })
+
+
+class LimitFileSizeAt(st.Callback):
+    """Before ``step``: the checkpoints finished, then no file may grow past ``completions.jsonl`` + ROOM bytes."""
+
+    def __init__(self, step: int, out: str):
+        self.step, self.path = step, os.path.join(out, "completions.jsonl")
+
+    def pre_step(self, trainer: Any, step: int) -> None:
+        if step != self.step:
+            return
+        trainer.wait_for_checkpoints()
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of refusing
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(self.path) + ROOM, hard))
+
+
+def main() -> int:
+    from scaletrain.cli import report_user_error
+    from scaletrain.run import run_training
+
+    workdir, out = sys.argv[1], os.path.join(sys.argv[1], sys.argv[2])
+    mode, at = (sys.argv[3], int(sys.argv[4])) if len(sys.argv) > 4 else ("-", 0)
+    callbacks = {"-": [], "kill": [KillAt(at)], "limit": [LimitFileSizeAt(at, out)]}[mode]
+    try:
+        run_training(recipe(workdir, out), callbacks=callbacks)
+    except Exception as err:
+        status = report_user_error(err)
+        if status is None:
+            raise
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
