@@ -103,3 +103,46 @@ def test_plot_adds_the_reward_panel_for_a_grpo_run(tmp_path):
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         width = imread(plot_run(str(run))).shape[1]
         assert width == (2000 if with_reward else 1500), (name, width)
+
+
+def test_grpo_temperature_zero_is_refused_with_the_reason():
+    """At temperature 0 every completion of a group is the greedy one: equal rewards, zero advantages, a zero
+    gradient at every step. The recipe and GRPOConfig refuse it, naming the field and saying why."""
+    with pytest.raises(ConfigError) as err:
+        _recipe({"type": "grpo", "temperature": 0})
+    assert "objective.temperature: 0 samples greedily" in str(err.value)
+    assert "every advantage is 0 and nothing trains" in str(err.value)
+    with pytest.raises(ConfigError, match="temperature: 0 samples greedily"):
+        st.GRPOConfig(temperature=0.0)
+    assert _recipe({"type": "grpo", "temperature": 0.1}).objective.options["temperature"] == 0.1
+
+
+def test_trl_vllm_options_say_rollouts_run_on_the_training_weights(caplog):
+    """TRL's vLLM switches are not unknown keys: asking for vLLM (``use_vllm: true``) or for its guided decoding is
+    refused with the reason (the run would not do it); the settings that only tune vLLM, inert in TRL too while
+    vLLM is off, are dropped with one warning, so a TRL config with them runs as it would in TRL without vLLM."""
+    import logging
+
+    from scaletrain.objectives.registry import validate_options
+
+    with pytest.raises(ConfigError) as err:
+        _recipe({"type": "grpo", "use_vllm": True, "vllm_mode": "colocate"})
+    lines = str(err.value).splitlines()
+    assert [x for x in lines if x.startswith("objective.")] == [
+        "objective.use_vllm: rollouts here sample from the training weights on the training mesh (no vLLM engine or "
+        "server, no weight sync), so vLLM is neither needed nor used: drop use_vllm (and the vllm_* settings)"]
+    with pytest.raises(ConfigError, match="objective.vllm_structured_outputs_regex: .* no guided decoding"):
+        _recipe({"type": "grpo", "vllm_structured_outputs_regex": r"\d+"})
+    with pytest.raises(ConfigError, match="GRPOConfig.use_vllm: rollouts here sample from the training weights"):
+        st.GRPOConfig(use_vllm=True)
+    with pytest.raises(ConfigError, match="objective.vllm_gpu_memory: unknown key"):  # not one of TRL's names
+        _recipe({"type": "grpo", "vllm_gpu_memory": 0.5})
+    with caplog.at_level(logging.WARNING, logger="scaletrain"):
+        options = validate_options("grpo", {"use_vllm": False, "vllm_mode": "colocate",
+                                            "vllm_gpu_memory_utilization": 0.3, "num_generations": 4})
+    assert options == validate_options("grpo", {"num_generations": 4})
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["objective: use_vllm, vllm_gpu_memory_utilization, vllm_mode: rollouts here sample from the "
+                      "training weights on the training mesh (no vLLM engine or server, no weight sync); these "
+                      "options have no effect and can be dropped"]
+    assert st.GRPOConfig(use_vllm=False, vllm_mode="server", num_generations=4).grpo.num_generations == 4

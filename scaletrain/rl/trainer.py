@@ -35,7 +35,7 @@ from scaletrain.errors import ConfigError, DataError
 from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
-from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
+from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions, build_grpo_objective
 from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
@@ -128,7 +128,7 @@ class GRPOTrainer(Trainer):
         if arguments is None or dataset_train is None:
             raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
                               "(prompt rows)")
-        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields}
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields or k in TRL_VLLM_OPTIONS}
         base = arguments.grpo.model_dump() if isinstance(arguments, GRPOConfig) else {}
         if isinstance(options, GRPOOptions):
             options = options.model_dump()
