@@ -146,7 +146,7 @@ class GRPOTrainer(Trainer):
             rows = [r if o.max_prompt_length is None else dataclasses.replace(
                 r, prompt_ids=r.prompt_ids[-o.max_prompt_length:]) for r in dataset_train]
         else:
-            rows = load_prompts(dataset_train, tokenizer, max_prompt_length=o.max_prompt_length)
+            rows = load_prompts(dataset_train, tokenizer, max_prompt_length=o.max_prompt_length, column_option=None)
         self.prompt_rows: list[PromptRow] = rows
         self.conversational = is_messages(rows[0].prompt)
         self._scored: _Scored | None = None
