@@ -108,7 +108,8 @@ def test_prompt_rows_that_carry_messages_are_told_the_column_option(tmp_path):
     import scaletrain as st
 
     tok = word_tokenizer(str(tmp_path / "tok"))
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}say{% endif %}"
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}say{% endif %}")
     path = tmp_path / "chat.jsonl"
     rows = [{"messages": [{"role": "user", "content": "name a fruit"}], "answer": "apple"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
