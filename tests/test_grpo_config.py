@@ -146,3 +146,49 @@ def test_trl_vllm_options_say_rollouts_run_on_the_training_weights(caplog):
                       "training weights on the training mesh (no vLLM engine or server, no weight sync); these "
                       "options have no effect and can be dropped"]
     assert st.GRPOConfig(use_vllm=False, vllm_mode="server", num_generations=4).grpo.num_generations == 4
+
+
+def test_the_example_plot_command_draws_the_reward_and_panels_say_what_the_loss_is(tmp_path):
+    """The plot command in examples/grpo_smollm2.yaml's comment runs as written (``--metric reward``) and writes its
+    PNG; a figure the run never logged is one line naming the figures it did log, exit 2; the loss panel says nats
+    per token only for a token-level loss (a GRPO loss is a policy-gradient surrogate)."""
+    import json
+    import os
+    import pathlib
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from scaletrain.plot import loss_title
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    comment = (repo / "examples" / "grpo_smollm2.yaml").read_text()
+    command = shlex.split(re.search(r"^# Plot:\s+(scaletrain plot .*)$", comment, re.M).group(1))
+    run = tmp_path / "runs" / "grpo_smollm2"
+    run.mkdir(parents=True)
+    records = [{"split": "train", "step": s, "loss": 0.01 * s, "learning_rate": 3e-4, "tokens_per_s": 100.0,
+                **({"reward": 0.1 * s, "rewards/exact_answer/mean": 0.05 * s} if s % 2 else {})} for s in range(1, 9)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+
+    def scaletrain(*args):
+        return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=300)
+
+    done = scaletrain(*command[1:])
+    assert done.returncode == 0, done.stderr
+    assert imread(str(run / "reward.png")).shape[:2] == (400, 800)  # one panel, 8 x 4 inches at 100 dpi
+    done = scaletrain("plot", "runs/grpo_smollm2", "--metric", "rewards/exact_answer/mean")
+    assert done.returncode == 0 and (run / "rewards_exact_answer_mean.png").is_file(), done.stderr
+    done = scaletrain("plot", "runs/grpo_smollm2", "--metric", "rewards")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "--metric 'rewards': runs/grpo_smollm2/metrics.jsonl logs no such figure; it logs learning_rate, loss, reward, "
+        "rewards/exact_answer/mean, tokens_per_s")
+    assert loss_title(records) == "loss (GRPO objective, not a likelihood)"
+    assert loss_title([{"step": 1, "loss": 2.0, "perplexity": 7.4}]) == "loss (nats/token)"
+    assert loss_title([{"step": 1, "loss": 0.69, "rewards/margins": 0.0}]) == "loss"
