@@ -44,6 +44,7 @@ from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
+from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout, failed_processes
 from scaletrain.rl.rewards import load_rewards, score
 from scaletrain.rl.scoring import (
@@ -55,6 +56,7 @@ from scaletrain.rl.scoring import (
     objective_batch,
     reward_inputs,
 )
+from scaletrain.parallel.partition import axis_names
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.checkpoint import Checkpointer, read_meta
 from scaletrain.training.metrics import peak_flops_per_device
@@ -240,6 +242,12 @@ class GRPOTrainer(Trainer):
         checkpointer = Checkpointer.for_run(args.output_dir, save_total_limit=args.save_total_limit,
                                             keep_best=args.save_best)
         return TrainerConfigureFunctionOutput(self._grpo_step, None, self._mesh, checkpointer)
+
+    def plan_batch_lines(self) -> list[str]:
+        """What a rollout samples and an update reads (``rl/plan.py``); the engine splits rows over the batch axes."""
+        axes = axis_names(self._model.config.partition_axis.batch_axis)
+        devices = int(np.prod([dict(self._mesh.shape).get(a, 1) for a in axes]))
+        return grpo_plan_lines(self.arguments, self.options, [len(r.prompt_ids) for r in self.prompt_rows], devices)
 
     # ---- the step -------------------------------------------------------------------------
     def _fetch_batch(self) -> tuple[PromptBatch, Any] | None:
