@@ -44,6 +44,7 @@ from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
+from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout, failed_processes
 from scaletrain.rl.rewards import load_rewards, score
@@ -86,6 +87,8 @@ class _Scored:
     host: dict[str, np.ndarray]
     epoch: int
     index: int
+    update_flops: float | None = None  # model FLOPs of one update on this batch (rl/flops.py); None: not known
+    update_tokens: float = 0.0  # the real tokens (prompt + completion) the update reads
 
 
 def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
@@ -239,6 +242,9 @@ class GRPOTrainer(Trainer):
             pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)
         self._peak_flops = peak_flops_per_device(args.peak_flops_per_device)
+        cost = TokenCost.of(self._model.config, adapter_parameters(self._model_state.params),
+                            lora=self._model_state.frozen is not None)
+        self._flops = StepFlops(cost, self._peak_flops, jax.device_count())
         checkpointer = Checkpointer.for_run(args.output_dir, save_total_limit=args.save_total_limit,
                                             keep_best=args.save_best)
         return TrainerConfigureFunctionOutput(self._grpo_step, None, self._mesh, checkpointer)
@@ -270,7 +276,13 @@ class GRPOTrainer(Trainer):
         start = time.perf_counter()
         state, metrics = self._update(state, self._scored.batch)
         jax.block_until_ready(metrics["loss"])
-        return state, {**metrics, **host, "time/update": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        return state, {**metrics, **host, "time/update": seconds,
+                       **self._flops.update(self._scored.update_flops, self._scored.update_tokens, seconds)}
+
+    def throughput(self, tokens: float, seconds: float) -> dict[str, float]:
+        """What the steps since the last log computed (``rl/flops.py``), not ``tokens`` (``max_length`` rows)."""
+        return self._flops.interval(seconds)
 
     def _row_sharding(self, ndim: int) -> NamedSharding:
         """Rows over the batch axes, every other dimension whole."""
@@ -351,10 +363,12 @@ class GRPOTrainer(Trainer):
                 o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
         batch = objective_batch(h["input_ids"], h["segment_ids"], h["positions"], mask, h["truncated"],
                                 adv.advantages[layout.held], o.mask_truncated_completions, extra)
+        counted, flops, tokens = self._flops.rollout(np.repeat([len(r.prompt_ids) for r in rows], g), lengths,
+                                                     t1 - t0, scored=not self._check_in_update, reference=o.beta != 0)
         metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
                    **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:])),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
-                   "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9)}
+                   "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9), **counted}
         window = step // o.log_completions_steps  # the first rollout of each window of log_completions_steps steps
         if o.log_completions and window != self._completions_window:
             self._completions_window = window
@@ -365,7 +379,8 @@ class GRPOTrainer(Trainer):
                 texts = decode(self.tokenizer, all_ids[:shown], lengths[:shown].astype(np.int64), self.conversational)
                 self._write_completions(completion_records(step, [rows[r // g].prompt for r in range(shown)], texts,
                                                            per_func, names, adv.advantages, shown))
-        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
+        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index,
+                       update_flops=flops, update_tokens=tokens)
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
         os.makedirs(self.arguments.output_dir, exist_ok=True)
