@@ -30,6 +30,7 @@ TRL_VLLM_OPTIONS = frozenset({
     "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
     "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_structured_outputs_regex",
 })
+_warned: set[tuple[str, ...]] = set()  # the dropped option sets already warned about: once a process, not per parse
 _NO_VLLM = ("rollouts here sample from the training weights on the training mesh (no vLLM engine or server, "
             "no weight sync)")
 
@@ -103,8 +104,10 @@ class GRPOOptions(BaseModel):
                             given["vllm_structured_outputs_regex"]))
         if refused:
             raise key_errors(cls.__name__, refused)
-        logger.warning("objective: %s: %s; these options have no effect and can be dropped", ", ".join(given),
-                       _NO_VLLM)
+        if tuple(given) not in _warned:
+            _warned.add(tuple(given))
+            logger.warning("objective: %s: %s; these options have no effect and can be dropped", ", ".join(given),
+                           _NO_VLLM)
         return data
 
     @field_validator("temperature")
