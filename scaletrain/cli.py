@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="draw loss, learning rate and throughput of a run into a PNG")
     pl.add_argument("run_dir")
     pl.add_argument("--out", default=None)
+    pl.add_argument("--metric", default=None, help="draw this logged figure alone (reward, kl, rewards/NAME/mean, "
+                    "...) with its running mean; default: loss, learning rate, throughput (and reward)")
     return p
 
 
@@ -212,7 +214,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
 def cmd_plot(ns: argparse.Namespace) -> int:
     from scaletrain.plot import plot_run
 
-    print(plot_run(ns.run_dir, ns.out))
+    print(plot_run(ns.run_dir, ns.out, metric=ns.metric))
     return 0
 
 

@@ -103,3 +103,95 @@ def test_plot_adds_the_reward_panel_for_a_grpo_run(tmp_path):
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         width = imread(plot_run(str(run))).shape[1]
         assert width == (2000 if with_reward else 1500), (name, width)
+
+
+def test_grpo_temperature_zero_is_refused_with_the_reason():
+    """At temperature 0 every completion of a group is the greedy one: equal rewards, zero advantages, a zero
+    gradient at every step. The recipe and GRPOConfig refuse it, naming the field and saying why."""
+    with pytest.raises(ConfigError) as err:
+        _recipe({"type": "grpo", "temperature": 0})
+    assert "objective.temperature: 0 samples greedily" in str(err.value)
+    assert "every advantage is 0 and nothing trains" in str(err.value)
+    with pytest.raises(ConfigError, match="temperature: 0 samples greedily"):
+        st.GRPOConfig(temperature=0.0)
+    assert _recipe({"type": "grpo", "temperature": 0.1}).objective.options["temperature"] == 0.1
+
+
+def test_trl_vllm_options_say_rollouts_run_on_the_training_weights(caplog):
+    """TRL's vLLM switches are not unknown keys: asking for vLLM (``use_vllm: true``) or for its guided decoding is
+    refused with the reason (the run would not do it); the settings that only tune vLLM, inert in TRL too while
+    vLLM is off, are dropped with one warning, so a TRL config with them runs as it would in TRL without vLLM."""
+    import logging
+
+    from scaletrain.objectives import grpo_options
+    from scaletrain.objectives.registry import validate_options
+
+    with pytest.raises(ConfigError) as err:
+        _recipe({"type": "grpo", "use_vllm": True, "vllm_mode": "colocate"})
+    lines = str(err.value).splitlines()
+    assert [x for x in lines if x.startswith("objective.")] == [
+        "objective.use_vllm: rollouts here sample from the training weights on the training mesh (no vLLM engine or "
+        "server, no weight sync), so vLLM is neither needed nor used: drop use_vllm (and the vllm_* settings)"]
+    with pytest.raises(ConfigError, match="objective.vllm_structured_outputs_regex: .* no guided decoding"):
+        _recipe({"type": "grpo", "vllm_structured_outputs_regex": r"\d+"})
+    with pytest.raises(ConfigError, match="GRPOConfig.use_vllm: rollouts here sample from the training weights"):
+        st.GRPOConfig(use_vllm=True)
+    with pytest.raises(ConfigError, match="objective.vllm_gpu_memory: unknown key"):  # not one of TRL's names
+        _recipe({"type": "grpo", "vllm_gpu_memory": 0.5})
+    grpo_options._warned.clear()  # once a process: a recipe is parsed more than once in a run
+    with caplog.at_level(logging.WARNING, logger="scaletrain"):
+        for _ in range(2):
+            options = validate_options("grpo", {"use_vllm": False, "vllm_mode": "colocate",
+                                                "vllm_gpu_memory_utilization": 0.3, "num_generations": 4})
+    assert options == validate_options("grpo", {"num_generations": 4})
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["objective: use_vllm, vllm_gpu_memory_utilization, vllm_mode: rollouts here sample from the "
+                      "training weights on the training mesh (no vLLM engine or server, no weight sync); these "
+                      "options have no effect and can be dropped"]
+    assert st.GRPOConfig(use_vllm=False, vllm_mode="server", num_generations=4).grpo.num_generations == 4
+
+
+def test_the_example_plot_command_draws_the_reward_and_panels_say_what_the_loss_is(tmp_path):
+    """The plot command in examples/grpo_smollm2.yaml's comment runs as written (``--metric reward``) and writes its
+    PNG; a figure the run never logged is one line naming the figures it did log, exit 2; the loss panel says nats
+    per token only for a token-level loss (a GRPO loss is a policy-gradient surrogate)."""
+    import json
+    import os
+    import pathlib
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from scaletrain.plot import loss_title
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    comment = (repo / "examples" / "grpo_smollm2.yaml").read_text()
+    command = shlex.split(re.search(r"^# Plot:\s+(scaletrain plot .*)$", comment, re.M).group(1))
+    run = tmp_path / "runs" / "grpo_smollm2"
+    run.mkdir(parents=True)
+    records = [{"split": "train", "step": s, "loss": 0.01 * s, "learning_rate": 3e-4, "tokens_per_s": 100.0,
+                **({"reward": 0.1 * s, "rewards/exact_answer/mean": 0.05 * s} if s % 2 else {})} for s in range(1, 9)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+
+    def scaletrain(*args):
+        return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=300)
+
+    done = scaletrain(*command[1:])
+    assert done.returncode == 0, done.stderr
+    assert imread(str(run / "reward.png")).shape[:2] == (400, 800)  # one panel, 8 x 4 inches at 100 dpi
+    done = scaletrain("plot", "runs/grpo_smollm2", "--metric", "rewards/exact_answer/mean")
+    assert done.returncode == 0 and (run / "rewards_exact_answer_mean.png").is_file(), done.stderr
+    done = scaletrain("plot", "runs/grpo_smollm2", "--metric", "rewards")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "--metric 'rewards': runs/grpo_smollm2/metrics.jsonl logs no such figure; it logs learning_rate, loss, reward, "
+        "rewards/exact_answer/mean, tokens_per_s")
+    assert loss_title(records) == "loss (GRPO objective, not a likelihood)"
+    assert loss_title([{"step": 1, "loss": 2.0, "perplexity": 7.4}]) == "loss (nats/token)"
+    assert loss_title([{"step": 1, "loss": 0.69, "rewards/margins": 0.0}]) == "loss"

@@ -99,3 +99,29 @@ def test_prompt_kind_reads_text_and_messages_with_columns(tmp_path):
     path.write_text(json.dumps({"question": "x"}) + "\n")
     with pytest.raises(DataError, match=r"line 1\): column 'prompt' must be text or a list of messages"):
         load_prompts(str(path), tok)
+
+
+def test_prompt_rows_that_carry_messages_are_told_the_column_option(tmp_path):
+    """Chat rows (``messages``, no ``prompt``): the error names the row and the setting that reads them
+    (``data.prompt_column: messages``), which then works; GRPOTrainer in Python, which has no such setting, says to
+    rename the column."""
+    import scaletrain as st
+
+    tok = word_tokenizer(str(tmp_path / "tok"))
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}say{% endif %}")
+    path = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "name a fruit"}], "answer": "apple"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as err:
+        load_prompts(str(path), tok)
+    assert str(err.value) == (f"{path} (line 1): no 'prompt' column, but a 'messages' list (chat rows): set "
+                              f"data.prompt_column: messages to read them as the prompt; the chat template then adds "
+                              f"the generation prompt after the last message")
+    out = load_prompts(str(path), tok, prompt_column="messages")
+    assert out[0].prompt_ids == tuple(tok("name a fruit say")["input_ids"]) and out[0].columns == {"answer": "apple"}
+    args = st.TrainingArguments(output_dir=str(tmp_path / "run"), total_batch_size=4, max_training_steps=1)
+    with pytest.raises(DataError, match=r"row 1: no 'prompt' column, but a 'messages' list \(chat rows\): rename "
+                                         r"the column to 'prompt'"):
+        st.GRPOTrainer(args=args, train_dataset=rows, processing_class=tok, reward_funcs=[exact_answer],
+                       num_generations=4)

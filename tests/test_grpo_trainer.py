@@ -182,3 +182,98 @@ def test_micro_batches_give_the_whole_batch_loss_and_gradient(loss_type):
                                rtol=1e-5)
     for g, a, b in zip(jax.tree.leaves(whole_grad), jax.tree.leaves(halves[0][0]), jax.tree.leaves(halves[1][0])):
         np.testing.assert_allclose(np.asarray(a) + np.asarray(b), np.asarray(g), rtol=1e-4, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory):
+    """One 4-step run (each rollout used twice) with the progress bar on: its printed plan, its stderr (the bar)
+    and its train records. The peak is given (1 TFLOP/s a device) so MFU is a fixed multiple of TFLOP/s."""
+    import contextlib
+    import io
+    import logging
+
+    import scaletrain as st
+    from scaletrain.rl.trainer import GRPOTrainer
+
+    tmp = tmp_path_factory.mktemp("grpo_shown")
+    tok = word_tokenizer(str(tmp / "tok"))
+    args = st.TrainingArguments(output_dir=str(tmp / "run"), total_batch_size=32, max_length=32,
+                                learning_rate=3e-2, scheduler="constant", max_training_steps=4, log_steps=1,
+                                save_at_end=False, progress_bar=True, report_to=(), seed=0,
+                                peak_flops_per_device=1e12)
+    trainer = GRPOTrainer(arguments=args, model=_tiny(len(tok)), tokenizer=tok, reward_funcs=[yes_reward],
+                          options={"num_generations": 4, "max_completion_length": 6, "num_iterations": 2},
+                          dataset_train=[{"prompt": p} for p in PROMPTS])
+    logs, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(logs)
+    log = logging.getLogger("scaletrain")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stderr(err):
+            trainer.train()
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    with open(tmp / "run" / "metrics.jsonl") as f:
+        records = [r for r in map(json.loads, f) if r.get("split") == "train"]
+    return logs.getvalue(), err.getvalue(), records, [len(tok(p)["input_ids"]) for p in PROMPTS], len(tok)
+
+
+def test_the_grpo_plan_prints_what_the_rollout_and_update_use(shown):
+    """The plan's batch lines are the rollout's (prompts x completions, how often, the engine's rows, prompt
+    lengths and bucket, the completion cap) and the update's (rows, their longest, micro-batches), not
+    ``total_batch_size x max_length``, which GRPO does not read."""
+    from scaletrain.rl.batch import kept_prompt_columns
+
+    plan, _, _, lengths, _ = shown
+    lo, hi = min(lengths), max(lengths)
+    assert hi <= 16  # the word tokenizer's prompts: one 16-token bucket
+    expected = [
+        "  rollout         8 prompts x 4 completions = 32 rows, every 2 steps (num_iterations); engine batch 32 rows",
+        f"                  prompts {lo}-{hi} tokens (padded to a bucket of at most 16), completions up to 6 tokens "
+        "(objective.max_completion_length)",
+        f"  update          32 rows x at most {kept_prompt_columns(16, hi) + 6} tokens (prompt + completion), "
+        "1 micro-batch(es) of 32 rows; training.max_length (32) is not used by GRPO",
+    ]
+    lines = plan.splitlines()
+    start = lines.index(expected[0])
+    assert lines[start:start + 3] == expected
+    assert not any(x.lstrip().startswith("batch ") for x in lines), plan
+
+
+def test_the_grpo_progress_bar_shows_the_reward_between_rollouts(shown):
+    """The bar shows the mean reward beside the loss, and keeps the last one on the steps that reuse a rollout
+    (which log no reward): the last step here is such a step."""
+    _, err, records, _, _ = shown
+    assert "reward" not in records[-1] and "reward" in records[-2]
+    final = err.rstrip().split("\r")[-1]
+    assert f"reward={records[-2]['reward']:.3f}" in final and "loss=" in final, final
+
+
+def test_grpo_mfu_counts_the_rollout_and_update_it_computed(shown):
+    """``rollout/*`` on the steps that sample, ``update/*`` on every step, from the FLOPs each part computed:
+    a reused rollout's update computes what its first update did; those FLOPs lie between the hand counts for
+    completions of 1 and of 6 tokens; MFU is TFLOP/s over the given peak (1 TFLOP/s x 8 devices)."""
+    _, _, records, lengths, vocab = shown
+    sampled = [r for r in records if "reward" in r]
+    assert [r["step"] for r in sampled] == [1, 3]
+    done = [r["update/tflops"] * 1e12 * r["time/update"] for r in records]
+    assert done[0] == pytest.approx(done[1], rel=1e-9) and done[2] == pytest.approx(done[3], rel=1e-9)
+    # the tiny model by hand: per layer q 32x32, k and v 32x16, o 32x32, mlp 3 x 32x64, two norms of 32; a final
+    # norm; head 32 x vocab; attention width 2 layers x 32
+    body, width = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32, 2 * 32
+    head = 32 * vocab
+
+    def update(c):  # forward, input gradients, weight gradients (full fine-tune), every row with c tokens
+        t = np.repeat(lengths, 4) + c
+        return float(np.sum(6 * body * t + 6 * width * t * (t + 1) + 6 * head * c))
+
+    assert update(1) < done[0] < update(6)
+    for r in records:
+        assert r["update/mfu"] == pytest.approx(r["update/tflops"] / 8, rel=1e-9)
+        assert 0 < r["mfu"] < 1 and r["tflops"] > 0 and r["tokens_per_s"] > 0
+    for r in sampled:
+        assert r["rollout/mfu"] == pytest.approx(r["rollout/tflops"] / 8, rel=1e-9)
+    assert all("rollout/mfu" not in r for r in records if "reward" not in r)

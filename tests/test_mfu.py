@@ -62,3 +62,51 @@ def test_mfu_formula_and_the_cpu_peak_split_over_fake_devices():
     perf = throughput(tokens=1000, seconds=2.0, flops_per_token=6e6, peak_per_device=1e9, num_devices=4)
     assert perf == pytest.approx({"tokens_per_s": 500.0, "tflops": 3e-3, "mfu": 0.75}, rel=1e-12)  # rounding only
     assert peak_flops_per_device(123.0) == 123.0
+
+
+def test_grpo_step_flops_equal_a_hand_count_on_a_tiny_model():
+    """The FLOPs a GRPO step counts (scaletrain/rl/flops.py), against a count by hand of the tiny Llama's matmuls:
+    hidden 32, mlp 64, 2 layers, 4 query heads and 2 key/value heads of 8, vocab 50, untied head. Two rows: prompts
+    of 5 and 3 tokens, completions of 3 and 1. Full fine-tune and rank-2 LoRA on every linear layer (frozen base:
+    forward and input gradient, no weight gradient; adapters: all three)."""
+    from flax import nnx
+
+    from preference_testing import one_device_mesh
+    from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
+    from scaletrain.peft.lora import LoRAConfig, LoRAParam, apply_lora
+    from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
+
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    layer = 32 * 32 + 32 * 16 + 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32  # q, k, v, o, gate/up/down, two norms
+    body, head, width = 2 * layer + 32, 50 * 32, 2 * 4 * 8  # + final norm; vocab x hidden; layers x query width
+    adapters = 2 * 2 * ((32 + 32) + (32 + 16) + (32 + 16) + (32 + 32) + 3 * (32 + 64))  # layers x rank x (in + out)
+    model = apply_lora(create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=one_device_mesh())[0],
+                       LoRAConfig(rank=2, alpha=4, target_modules="all-linear"))
+    assert adapter_parameters(nnx.state(model, LoRAParam)) == adapters == 2048
+
+    def attention(t):  # token i sees i keys: scores and weighted sum, 2 x 2 x keys x width
+        return sum(4 * i * width for i in range(1, t + 1))
+
+    p, c = [5, 3], [3, 1]
+    # the rollout: one forward over prompt + completion - 1 tokens (the last token sampled is not fed), logits at c
+    rollout = sum(2 * body * (a + b - 1) + attention(a + b - 1) + 2 * head * b for a, b in zip(p, c))
+    forward = [2 * body * (a + b) + attention(a + b) + 2 * head * b for a, b in zip(p, c)]
+    full = sum(3 * f for f in forward)  # forward; input gradients (as much again, attention twice); weight gradients
+    lora_forward = [f + 2 * adapters * (a + b) for f, a, b in zip(forward, p, c)]
+    lora = sum(2 * f + attention(a + b) + 2 * adapters * (a + b) for f, a, b in zip(lora_forward, p, c))
+    full_cost, lora_cost = TokenCost.of(config, 0, lora=False), TokenCost.of(config, adapters, lora=True)
+    assert (full_cost.body, full_cost.head, full_cost.attention) == (body, head, width)
+    for cost, update, sampled in ((full_cost, full, rollout),
+                                  (lora_cost, lora, rollout + sum(2 * adapters * (a + b - 1) for a, b in zip(p, c)))):
+        flops = StepFlops(cost, peak_per_device=1e12, devices=2)
+        figures, one_update, tokens = flops.rollout(p, c, 0.5, scored=False, reference=False)
+        assert one_update == pytest.approx(update, rel=1e-12) and tokens == 12
+        assert figures == pytest.approx({"rollout/tflops": sampled / 0.5 / 1e12,
+                                         "rollout/mfu": sampled / 0.5 / 2e12}, rel=1e-12)
+        assert flops.update(one_update, tokens, 0.25)["update/mfu"] == pytest.approx(update / 0.25 / 2e12, rel=1e-12)
+        # the interval since the last log: the rollout and the update, over its wall time
+        assert flops.interval(1.0) == pytest.approx({"tokens_per_s": 12.0, "tflops": (sampled + update) / 1e12,
+                                                     "mfu": (sampled + update) / 2e12}, rel=1e-12)
+    assert lora < full  # no weight gradient for the frozen base (here the rank-2 adapters are 11 % of it)

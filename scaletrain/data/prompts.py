@@ -74,15 +74,23 @@ def tokenize_prompt(tokenizer: Any, prompt: Any) -> list[int]:
 
 
 def load_prompts(source: Any, tokenizer: Any, *, prompt_column: str = "prompt",
-                 max_prompt_length: int | None = None, max_rows: int | None = None) -> list[PromptRow]:
+                 max_prompt_length: int | None = None, max_rows: int | None = None,
+                 column_option: str | None = "data.prompt_column") -> list[PromptRow]:
     """Every row of ``source`` as a :class:`PromptRow`; a row without a usable ``prompt_column`` is a DataError
-    naming where it is. ``max_prompt_length`` keeps a prompt's last tokens (TRL truncates on the left)."""
+    naming where it is. ``max_prompt_length`` keeps a prompt's last tokens (TRL truncates on the left).
+    ``column_option``: the setting that names the column, told to a user whose rows carry ``messages`` instead
+    (None where there is none: then the message says to rename the column)."""
     out: list[PromptRow] = []
     rows: Iterable[tuple[dict[str, Any], str]] = _records(source)
     for record, where in rows:
         if not isinstance(record, dict):
             raise DataError(f"{where}: a prompt row must be an object with a {prompt_column!r} column")
         prompt = record.get(prompt_column)
+        if prompt is None and prompt_column != "messages" and is_messages(record.get("messages")):
+            fix = (f"set {column_option}: messages to read them as the prompt" if column_option else
+                   f"rename the column to {prompt_column!r}")
+            raise DataError(f"{where}: no {prompt_column!r} column, but a 'messages' list (chat rows): {fix}; "
+                            f"the chat template then adds the generation prompt after the last message")
         if not (isinstance(prompt, str) and prompt) and not is_messages(prompt):
             raise DataError(f"{where}: column {prompt_column!r} must be text or a list of messages, "
                             f"got {type(prompt).__name__} (the row has {sorted(record)})")

@@ -13,11 +13,26 @@ trainer agree and the correction is an option for reduced-precision runs), and
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scaletrain.config_keys import key_errors
 from scaletrain.objectives.grpo_loss import IMPORTANCE_SAMPLING_LEVELS, IS_MODES, LOSS_TYPES, SCALE_REWARDS
+
+logger = logging.getLogger("scaletrain")
+
+#: TRL 1.16's options that choose and tune vLLM as the sampler. Rollouts here sample from the training arrays on
+#: the training mesh (no second engine, no weight sync), so none of them has anything to act on.
+TRL_VLLM_OPTIONS = frozenset({
+    "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url", "vllm_server_host",
+    "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
+    "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_structured_outputs_regex",
+})
+_warned: set[tuple[str, ...]] = set()  # the dropped option sets already warned about: once a process, not per parse
+_NO_VLLM = ("rollouts here sample from the training weights on the training mesh (no vLLM engine or server, "
+            "no weight sync)")
 
 
 class GRPOOptions(BaseModel):
@@ -29,7 +44,7 @@ class GRPOOptions(BaseModel):
     num_generations: int = Field(8, ge=2)
     max_prompt_length: int | None = Field(None, ge=1)  # the last tokens of a longer prompt are kept
     max_completion_length: int = Field(256, ge=1)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0)  # 0 is refused (_temperature): greedy groups train nothing
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)  # 0: no top-k
     # rewards
@@ -66,6 +81,43 @@ class GRPOOptions(BaseModel):
             value = data.pop("num_return_sequences")
             data.setdefault("num_generations", value)
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_vllm_options(cls, data: Any) -> Any:
+        """TRL's vLLM options (:data:`TRL_VLLM_OPTIONS`): asking for vLLM (``use_vllm: true``) or for what only it
+        does (``vllm_structured_outputs_regex``, guided decoding) is refused with the reason, since the run would
+        not do it; the settings that only tune the engine (``vllm_mode``, ``vllm_gpu_memory_utilization``, ...)
+        change nothing when vLLM is off, in TRL too, so they are dropped with one warning, and a TRL config
+        runs unchanged."""
+        if not isinstance(data, dict) or not TRL_VLLM_OPTIONS & set(data):
+            return data
+        data = dict(data)
+        given = {k: data.pop(k) for k in sorted(TRL_VLLM_OPTIONS & set(data))}
+        refused = []
+        if given.get("use_vllm"):
+            refused.append(("use_vllm", f"{_NO_VLLM}, so vLLM is neither needed nor used: drop use_vllm "
+                                        f"(and the vllm_* settings)", given["use_vllm"]))
+        if given.get("vllm_structured_outputs_regex") is not None:
+            refused.append(("vllm_structured_outputs_regex", f"{_NO_VLLM}, and the sampler has no guided "
+                            f"decoding: drop it (a reward can pay for the format instead, e.g. format_regex)",
+                            given["vllm_structured_outputs_regex"]))
+        if refused:
+            raise key_errors(cls.__name__, refused)
+        if tuple(given) not in _warned:
+            _warned.add(tuple(given))
+            logger.warning("objective: %s: %s; these options have no effect and can be dropped", ", ".join(given),
+                           _NO_VLLM)
+        return data
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float) -> float:
+        if value == 0:
+            raise ValueError("0 samples greedily, so the num_generations completions of a prompt are all the same: "
+                             "their rewards are equal, every advantage is 0 and nothing trains; use a temperature "
+                             "> 0 (TRL's default: 1.0)")
+        return value
 
     @field_validator("reward_funcs", mode="before")
     @classmethod

@@ -17,9 +17,10 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from scaletrain.arguments import TrainingArguments
-from scaletrain.objectives.grpo_options import GRPOOptions
+from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
 
-_GRPO_NAMES = frozenset(GRPOOptions.model_fields) | {"num_return_sequences"}
+# TRL's vLLM options too: GRPOOptions says what they mean here (none is needed)
+_GRPO_NAMES = frozenset(GRPOOptions.model_fields) | {"num_return_sequences"} | TRL_VLLM_OPTIONS
 
 
 class GRPOConfig(TrainingArguments):

@@ -36,7 +36,7 @@ from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_to
 from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
-from scaletrain.objectives.grpo_options import GRPOOptions, build_grpo_objective
+from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions, build_grpo_objective
 from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.registry import validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
@@ -45,6 +45,8 @@ from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
+from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
+from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout, failed_processes
 from scaletrain.rl.rewards import load_rewards, score
 from scaletrain.rl.scoring import (
@@ -57,6 +59,7 @@ from scaletrain.rl.scoring import (
     objective_batch,
     reward_inputs,
 )
+from scaletrain.parallel.partition import axis_names
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.checkpoint import Checkpointer, read_meta
 from scaletrain.training.metrics import peak_flops_per_device
@@ -88,6 +91,8 @@ class _Scored:
     host: dict[str, np.ndarray]
     epoch: int
     index: int
+    update_flops: float | None = None  # model FLOPs of one update on this batch (rl/flops.py); None: not known
+    update_tokens: float = 0.0  # the real tokens (prompt + completion) the update reads
 
 
 def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
@@ -132,7 +137,7 @@ class GRPOTrainer(Trainer):
         if arguments is None or dataset_train is None:
             raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
                               "(prompt rows)")
-        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields}
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields or k in TRL_VLLM_OPTIONS}
         base = arguments.grpo.model_dump() if isinstance(arguments, GRPOConfig) else {}
         if isinstance(options, GRPOOptions):
             options = options.model_dump()
@@ -150,7 +155,7 @@ class GRPOTrainer(Trainer):
             rows = [r if o.max_prompt_length is None else dataclasses.replace(
                 r, prompt_ids=r.prompt_ids[-o.max_prompt_length:]) for r in dataset_train]
         else:
-            rows = load_prompts(dataset_train, tokenizer, max_prompt_length=o.max_prompt_length)
+            rows = load_prompts(dataset_train, tokenizer, max_prompt_length=o.max_prompt_length, column_option=None)
         self.prompt_rows: list[PromptRow] = rows
         self.conversational = is_messages(rows[0].prompt)
         self._scored: _Scored | None = None
@@ -240,9 +245,18 @@ class GRPOTrainer(Trainer):
             pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)
         self._peak_flops = peak_flops_per_device(args.peak_flops_per_device)
+        cost = TokenCost.of(self._model.config, adapter_parameters(self._model_state.params),
+                            lora=self._model_state.frozen is not None)
+        self._flops = StepFlops(cost, self._peak_flops, jax.device_count())
         checkpointer = Checkpointer.for_run(args.output_dir, save_total_limit=args.save_total_limit,
                                             keep_best=args.save_best)
         return TrainerConfigureFunctionOutput(self._grpo_step, None, self._mesh, checkpointer)
+
+    def plan_batch_lines(self) -> list[str]:
+        """What a rollout samples and an update reads (``rl/plan.py``); the engine splits rows over the batch axes."""
+        axes = axis_names(self._model.config.partition_axis.batch_axis)
+        devices = int(np.prod([dict(self._mesh.shape).get(a, 1) for a in axes]))
+        return grpo_plan_lines(self.arguments, self.options, [len(r.prompt_ids) for r in self.prompt_rows], devices)
 
     # ---- the step -------------------------------------------------------------------------
     def _fetch_batch(self) -> tuple[PromptBatch, Any] | None:
@@ -265,7 +279,13 @@ class GRPOTrainer(Trainer):
         start = time.perf_counter()
         state, metrics = self._update(state, self._scored.batch)
         jax.block_until_ready(metrics["loss"])
-        return state, {**metrics, **host, "time/update": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        return state, {**metrics, **host, "time/update": seconds,
+                       **self._flops.update(self._scored.update_flops, self._scored.update_tokens, seconds)}
+
+    def throughput(self, tokens: float, seconds: float) -> dict[str, float]:
+        """What the steps since the last log computed (``rl/flops.py``), not ``tokens`` (``max_length`` rows)."""
+        return self._flops.interval(seconds)
 
     def _row_sharding(self, ndim: int) -> NamedSharding:
         """Rows over the batch axes, every other dimension whole."""
@@ -346,10 +366,12 @@ class GRPOTrainer(Trainer):
                 o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
         batch = objective_batch(h["input_ids"], h["segment_ids"], h["positions"], mask, h["truncated"],
                                 adv.advantages[layout.held], o.mask_truncated_completions, extra)
+        counted, flops, tokens = self._flops.rollout(np.repeat([len(r.prompt_ids) for r in rows], g), lengths,
+                                                     t1 - t0, scored=not self._check_in_update, reference=o.beta != 0)
         metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
                    **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:])),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
-                   "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9)}
+                   "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9), **counted}
         if o.log_completions and logs_completions(step, o.num_iterations, o.log_completions_steps,
                                                   self.max_training_steps):
             all_ids = layout.gather(comp_ids)  # every process takes part; process 0 writes
@@ -359,7 +381,8 @@ class GRPOTrainer(Trainer):
                 texts = decode(self.tokenizer, all_ids[:shown], lengths[:shown].astype(np.int64), self.conversational)
                 self._write_completions(completion_records(step, [rows[r // g].prompt for r in range(shown)], texts,
                                                            per_func, names, adv.advantages, shown))
-        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index)
+        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index,
+                       update_flops=flops, update_tokens=tokens)
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
         """One whole append (``log_files``): a refused write leaves the file as it was and names it."""

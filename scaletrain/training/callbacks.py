@@ -25,8 +25,9 @@ logger = logging.getLogger("scaletrain")
 EVENTS = ("init", "train", "epoch", "step", "evaluate", "checkpoint")
 
 
-#: a preference objective's figures shown in the progress line beside the loss, when the step logs them
-PROGRESS_FIGURES = ("rewards/accuracies", "rewards/margins")
+#: figures shown in the progress line beside the loss, when the step logs them: a preference objective's, and
+#: GRPO's mean reward (its loss, a policy-gradient surrogate, says little about progress; the reward does)
+PROGRESS_FIGURES = ("reward", "rewards/accuracies", "rewards/margins")
 
 class Callback:
     """Base class: override any ``pre_<event>`` / ``post_<event>`` method.
@@ -183,6 +184,9 @@ class ProgressBar(Callback):
 
     def __init__(self) -> None:
         self.bar: Any = None
+        # the last value of each progress figure: GRPO logs its reward only on the steps that sample
+        # (every num_iterations steps), and the bar keeps showing it on the steps between
+        self.figures: dict[str, str] = {}
 
     def pre_train(self, trainer: TrainerView, state: Any) -> None:
         if not trainer.arguments.progress_bar or not trainer.is_main_process:
@@ -198,10 +202,10 @@ class ProgressBar(Callback):
         self.bar.update(step - self.bar.n)
         logged = trainer.last_train_metrics
         if logged.get("step") == step:
+            self.figures.update({k.split("/")[-1]: f"{logged[k]:.3f}" for k in PROGRESS_FIGURES if k in logged})
             self.bar.set_postfix(
                 loss=f"{logged['loss']:.3f}", lr=f"{logged['learning_rate']:.2e}",
-                tok_s=f"{logged['tokens_per_s']:.0f}", refresh=False,
-                **{k.split("/")[-1]: f"{logged[k]:.3f}" for k in PROGRESS_FIGURES if k in logged},
+                tok_s=f"{logged['tokens_per_s']:.0f}", refresh=False, **self.figures,
             )
 
     def post_train(self, trainer: TrainerView, state: Any) -> None:

@@ -55,8 +55,10 @@ def read_summary(output_dir: str) -> dict[str, Any] | None:
 
 def format_plan(arguments: Any, *, model_config: Any, parameter_counts: tuple[int, int], param_dtype: Any,
                 dtype: Any, mesh: Any,
-                start_step: int, max_training_steps: int, steps_per_epoch: int, num_epochs: int | None) -> str:
-    """The resolved run plan: nothing that shapes the schedule stays hidden (printed at start)."""
+                start_step: int, max_training_steps: int, steps_per_epoch: int, num_epochs: int | None,
+                batch_lines: list[str] | None = None) -> str:
+    """The resolved run plan: nothing that shapes the schedule stays hidden (printed at start). ``batch_lines``
+    replace the ``batch`` line for a trainer whose batch is not ``total_batch_size`` rows of ``max_length``."""
     a, cfg = arguments, model_config
     tokens = max_training_steps * a.total_batch_size * a.max_length
     lines = [
@@ -69,8 +71,9 @@ def format_plan(arguments: Any, *, model_config: Any, parameter_counts: tuple[in
         f"mesh            {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
         f"device(s), {jax.process_count()} process(es)",
         f"steps           {start_step} -> {max_training_steps} ({horizon_reason(a, steps_per_epoch, num_epochs)})",
-        f"batch           {a.total_batch_size} x {a.max_length} tokens "
-        f"({a.gradient_accumulation_steps} micro-batches), {tokens / 1e6:.2f}M tokens in all",
+        *(batch_lines if batch_lines is not None else [
+            f"batch           {a.total_batch_size} x {a.max_length} tokens "
+            f"({a.gradient_accumulation_steps} micro-batches), {tokens / 1e6:.2f}M tokens in all"]),
         f"schedule        {a.optimizer}, {a.scheduler} lr {a.learning_rate:g} -> "
         f"{resolved_learning_rate_end(a):g}, warmup {a.warmup_steps}, clip {a.clip_grad}, "
         f"weight decay {a.weight_decay}",

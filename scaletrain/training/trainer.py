@@ -266,13 +266,18 @@ class Trainer(BaseTrainer):
                 self.arguments, model_config=self._model.config, parameter_counts=self.parameter_counts,
                 param_dtype=self.param_dtype, dtype=self.dtype, mesh=self._mesh, start_step=self.start_step,
                 max_training_steps=self.max_training_steps, steps_per_epoch=self.steps_per_epoch,
-                num_epochs=self.num_epochs,
+                num_epochs=self.num_epochs, batch_lines=self.plan_batch_lines(),
             ))
             cfg = self._model.config
             if getattr(cfg, "scan_layers", False) and cfg.gradient_checkpointing == "none":
                 logger.warning("model.scan_layers with gradient_checkpointing=none keeps every intermediate of every "
                                "layer for the backward (Llama-3.2-1B: twice the unrolled step's temporaries); 'dots' "
                                "or 'dots_and_attention' keep the matmuls and recompute only elementwise work")
+
+    def plan_batch_lines(self) -> list[str] | None:
+        """The plan's lines about the batch where a trainer's batch is not ``total_batch_size x max_length``
+        (GRPO's rollouts and updates); None: the usual ``batch`` line."""
+        return None
 
     def _final_loss(self) -> tuple[int, float] | None:
         """``(step, loss)`` of the last step this invocation trained, or None if it trained none.
