@@ -127,6 +127,23 @@ def test_bad_input_is_one_message_and_exit_2(both, tmp_path, capsys):
         assert message in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
+def test_a_task_yaml_whose_data_file_is_missing_is_one_line_naming_both(both, tmp_path, capsys):
+    """``dataset_kwargs.data_files`` pointing nowhere: exit 2 with one line naming the task YAML and the missing
+    file (it was ``datasets``' FileNotFoundError traceback, after the model had loaded)."""
+    _, _, _, root = both
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    yaml_path = tasks / "st_lost.yaml"
+    missing = tmp_path / "gone" / "lost.json"
+    yaml_path.write_text((root / "tasks" / "st_mc.yaml").read_text().replace("task: st_mc", "task: st_lost")
+                         .replace(str(root / "tasks" / "mc.json"), str(missing)))
+    assert str(missing) in yaml_path.read_text()
+    assert main(["eval", str(root / "hf"), "--tasks", "st_lost", "--include-path", str(tasks), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"task YAML {yaml_path}: its data file {missing} does not exist" in err, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+
+
 def test_a_lora_adapter_scores_as_peft_applies_it(both, tmp_path):
     """``--adapter``: the PEFT folder applied unmerged gives lm-eval's ``hf`` model with ``peft=`` the same
     log-likelihoods (1e-4 relative), and not the base model's."""

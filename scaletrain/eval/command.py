@@ -54,6 +54,8 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
         raise ConfigError(f"{target}: give --data SOURCE or --tasks (only a run folder written by "
                           "`scaletrain train` knows its own eval data)")
     manager = task_manager(task_list(tasks), include_path) if tasks else None
+    if manager is not None:  # the tasks' data read now: a missing file is refused before the model loads
+        manager.preload(task_list(tasks))
     from scaletrain.eval.data_eval import source_section
     from scaletrain.eval.preference_eval import PreferenceOptions, check_options
 

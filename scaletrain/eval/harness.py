@@ -34,9 +34,13 @@ def task_list(tasks: str | Sequence[str]) -> list[str]:
 
 
 def task_manager(tasks: Sequence[str], include_path: str | Sequence[str] | None = None) -> Any:
-    """lm-eval's TaskManager over its registry and ``include_path``; one ConfigError naming every task it lacks."""
+    """lm-eval's TaskManager over its registry and ``include_path``; one ConfigError naming every task it lacks.
+
+    The manager is a :class:`~scaletrain.eval.task_loading.CheckedTaskManager`: ``preload`` builds the tasks
+    ahead of the model, and a task whose data file is missing is one ConfigError naming its YAML.
+    """
     require_lm_eval()
-    from lm_eval.tasks import TaskManager
+    from scaletrain.eval.task_loading import CheckedTaskManager as TaskManager
 
     paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
     for path in paths:
