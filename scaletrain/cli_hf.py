@@ -38,9 +38,10 @@ def _prompt_ids(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("chat=True but the model folder's tokenizer has no chat template")
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
-        )
+        from scaletrain.data.chat_templates import apply_chat_template
+
+        out = apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                  return_dict=True)
         ids = list(out["input_ids"])
     else:
         ids = list(tokenizer(prompt)["input_ids"])
