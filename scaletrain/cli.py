@@ -103,6 +103,14 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--log-samples", "--log_samples", dest="log_samples", action="store_true")
     ev.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1)")
     ev.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None)
+    ev.add_argument("--apply-chat-template", "--apply_chat_template", dest="apply_chat_template", nargs="?",
+                    const=True, default=False, metavar="TEMPLATE",
+                    help="lm-eval tasks: render prompts with the tokenizer's chat template (optionally a template "
+                         "name, for a tokenizer that has several), as lm-eval's own flag")
+    ev.add_argument("--fewshot-as-multiturn", "--fewshot_as_multiturn", dest="fewshot_as_multiturn", nargs="?",
+                    const=True, default=None, type=lambda x: x.lower() in ("true", "1", "yes"), metavar="BOOL",
+                    help="lm-eval tasks: few-shot examples as turns of the chat (on by default with "
+                         "--apply_chat_template; 'false' turns it off), as lm-eval's own flag")
     ev.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
                     help="rows per batch (default: the run's; 8 for lm-eval requests and HF folders)")
 
@@ -186,7 +194,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         ns.target, data=ns.data, kind=ns.kind, split=ns.split,
         data_keys={k: getattr(ns, k) for k in DATA_KEYS},
         tasks=ns.tasks, include_path=ns.include_path, output_path=ns.output_path, log_samples=ns.log_samples,
-        limit=ns.limit, num_fewshot=ns.num_fewshot, batch_size=ns.batch_size, max_length=ns.max_length,
+        limit=ns.limit, num_fewshot=ns.num_fewshot, apply_chat_template=ns.apply_chat_template,
+        fewshot_as_multiturn=ns.fewshot_as_multiturn, batch_size=ns.batch_size, max_length=ns.max_length,
         max_batches=ns.max_batches, checkpoint=ns.checkpoint, adapter=ns.adapter, mesh=parse_mesh(ns.mesh),
         progress=not ns.no_progress,
         preference=PreferenceOptions(objective=ns.objective, beta=ns.beta, reference=ns.reference),
