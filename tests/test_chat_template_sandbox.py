@@ -21,7 +21,8 @@ from scaletrain.data import build_datasets, bundled_tokenizer_path, load_process
 from scaletrain.data.config import DataSection
 from scaletrain.errors import DataError
 
-BLOCKED = "{% for m in messages %}{% set _ = m.update({'seen': 1}) %}" + PLAIN_TEMPLATE.split("{% for m in messages %}")[1]
+LOOP = "{% for m in messages %}"
+BLOCKED = LOOP + "{% set _ = m.update({'seen': 1}) %}" + PLAIN_TEMPLATE.split(LOOP)[1]
 CHATS = [{"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w}."}]}
          for w in ("one", "two", "three", "four", "five", "six", "seven", "eight")]
 PAIRS = [{"prompt": [{"role": "user", "content": f"Say {w}."}], "chosen": [{"role": "assistant", "content": f"{w}."}],
