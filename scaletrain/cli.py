@@ -43,11 +43,16 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of a local Ray instance")
     sw.add_argument("--rerun-changed", action="store_true",
                     help="re-run members whose resolved recipe changed (their old folder is moved aside, not deleted)")
-    g = sub.add_parser("generate", help="continue a prompt with a Hugging Face model folder or a training run")
+    g = sub.add_parser("generate", help="continue prompts with a Hugging Face model folder or a training run")
     g.add_argument("model_dir", help="an HF folder, a PEFT adapter folder (its base from adapter_config.json), "
                                      "or a run folder (its newest checkpoint) or one step folder")
     g.add_argument("--checkpoint", type=int, default=None, help="run folders: the step (default: the newest)")
-    g.add_argument("--prompt", required=True)
+    which = g.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="one prompt; its continuation is printed")
+    which.add_argument("--prompts", metavar="FILE",
+                       help="several prompts, the model loaded once: one a line, or JSONL rows with 'prompt' (text "
+                            "or messages) or 'messages'; prints one JSON line per prompt, in order")
+    g.add_argument("--batch-size", type=int, default=16, help="--prompts: prompts per engine call (default 16)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
@@ -169,17 +174,26 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
-    from scaletrain.cli_hf import generate_main
+    import json
+
+    from scaletrain.cli_hf import continue_prompts, load_for_generation, read_prompts
     from scaletrain.errors import ConfigError
     from scaletrain.generation import sampling_problem
 
     if problem := sampling_problem(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p):
         name, what = problem
         raise ConfigError(f"--{name.replace('_', '-')} {what}")  # before the model loads
-
-    text = generate_main(ns.model_dir, ns.prompt, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
-                         top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, step=ns.checkpoint)
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")  # one final newline, never two
+    if ns.batch_size < 1:
+        raise ConfigError(f"--batch-size {ns.batch_size}: must be >= 1")
+    prompts = [ns.prompt] if ns.prompts is None else read_prompts(ns.prompts)  # a bad file: before the model loads
+    model, tokenizer = load_for_generation(ns.model_dir, step=ns.checkpoint)
+    texts = continue_prompts(model, tokenizer, prompts, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
+                             top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, batch_size=ns.batch_size)
+    if ns.prompts is None:
+        sys.stdout.write(texts[0] if texts[0].endswith("\n") else texts[0] + "\n")  # one final newline, never two
+    else:
+        sys.stdout.writelines(json.dumps({"prompt": p, "completion": t}, ensure_ascii=False) + "\n"
+                              for p, t in zip(prompts, texts))
     sys.stdout.flush()
     return 0
 
