@@ -144,7 +144,7 @@ def test_a_task_yaml_whose_data_file_is_missing_is_one_line_naming_both(both, tm
     assert str(missing) in yaml_path.read_text()
     assert main(["eval", str(root / "hf"), "--tasks", "st_lost", "--include-path", str(tasks), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert f"task YAML {yaml_path}: its data file {missing} does not exist" in err, err
+    assert f"task YAML {yaml_path}: the file it reads, {missing}, does not exist; fix the path" in err, err
     assert "Traceback" not in err and err.count("\n") == 1, err
 
 

@@ -46,9 +46,9 @@ def missing_data_message(manager: TaskManager, tasks: Any, err: FileNotFoundErro
     """One line: which task YAML names the file that is missing, and what to do."""
     missing = err.filename or _quoted(str(err)) or str(err)
     where = _yaml_naming(manager, missing, tasks)
-    task = f"task YAML {where}" if where else f"--tasks {_names(tasks)}"
-    return (f"{task}: its data file {missing} does not exist (dataset_kwargs.data_files); fix the path in the YAML "
-            f"(a relative path is read from the working directory, {os.getcwd()})")
+    task = f"task YAML {where}" if where else f"lm-eval task(s) {_names(tasks)}"
+    return (f"{task}: the file it reads, {missing}, does not exist; fix the path in the YAML (dataset_kwargs."
+            f"data_files: a relative path is read from the working directory, {os.getcwd()})")
 
 
 def _quoted(text: str) -> str | None:
