@@ -43,11 +43,16 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of a local Ray instance")
     sw.add_argument("--rerun-changed", action="store_true",
                     help="re-run members whose resolved recipe changed (their old folder is moved aside, not deleted)")
-    g = sub.add_parser("generate", help="continue a prompt with a Hugging Face model folder or a training run")
+    g = sub.add_parser("generate", help="continue prompts with a Hugging Face model folder or a training run")
     g.add_argument("model_dir", help="an HF folder, a PEFT adapter folder (its base from adapter_config.json), "
                                      "or a run folder (its newest checkpoint) or one step folder")
     g.add_argument("--checkpoint", type=int, default=None, help="run folders: the step (default: the newest)")
-    g.add_argument("--prompt", required=True)
+    which = g.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="one prompt; its continuation is printed")
+    which.add_argument("--prompts", metavar="FILE",
+                       help="several prompts, the model loaded once: one a line, or JSONL rows with 'prompt' (text "
+                            "or messages) or 'messages'; prints one JSON line per prompt, in order")
+    g.add_argument("--batch-size", type=int, default=16, help="--prompts: prompts per engine call (default 16)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
@@ -105,6 +110,14 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--log-samples", "--log_samples", dest="log_samples", action="store_true")
     ev.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1)")
     ev.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None)
+    ev.add_argument("--apply-chat-template", "--apply_chat_template", dest="apply_chat_template", nargs="?",
+                    const=True, default=False, metavar="TEMPLATE",
+                    help="lm-eval tasks: render prompts with the tokenizer's chat template (optionally a template "
+                         "name, for a tokenizer that has several), as lm-eval's own flag")
+    ev.add_argument("--fewshot-as-multiturn", "--fewshot_as_multiturn", dest="fewshot_as_multiturn", nargs="?",
+                    const=True, default=None, type=lambda x: x.lower() in ("true", "1", "yes"), metavar="BOOL",
+                    help="lm-eval tasks: few-shot examples as turns of the chat (on by default with "
+                         "--apply_chat_template; 'false' turns it off), as lm-eval's own flag")
     ev.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
                     help="rows per batch (default: the run's; 8 for lm-eval requests and HF folders)")
 
@@ -163,17 +176,26 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
-    from scaletrain.cli_hf import generate_main
+    import json
+
+    from scaletrain.cli_hf import continue_prompts, load_for_generation, read_prompts
     from scaletrain.errors import ConfigError
     from scaletrain.generation import sampling_problem
 
     if problem := sampling_problem(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p):
         name, what = problem
         raise ConfigError(f"--{name.replace('_', '-')} {what}")  # before the model loads
-
-    text = generate_main(ns.model_dir, ns.prompt, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
-                         top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, step=ns.checkpoint)
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")  # one final newline, never two
+    if ns.batch_size < 1:
+        raise ConfigError(f"--batch-size {ns.batch_size}: must be >= 1")
+    prompts = [ns.prompt] if ns.prompts is None else read_prompts(ns.prompts)  # a bad file: before the model loads
+    model, tokenizer = load_for_generation(ns.model_dir, step=ns.checkpoint)
+    texts = continue_prompts(model, tokenizer, prompts, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
+                             top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, batch_size=ns.batch_size)
+    if ns.prompts is None:
+        sys.stdout.write(texts[0] if texts[0].endswith("\n") else texts[0] + "\n")  # one final newline, never two
+    else:
+        sys.stdout.writelines(json.dumps({"prompt": p, "completion": t}, ensure_ascii=False) + "\n"
+                              for p, t in zip(prompts, texts))
     sys.stdout.flush()
     return 0
 
@@ -188,7 +210,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         ns.target, data=ns.data, kind=ns.kind, split=ns.split,
         data_keys={k: getattr(ns, k) for k in DATA_KEYS},
         tasks=ns.tasks, include_path=ns.include_path, output_path=ns.output_path, log_samples=ns.log_samples,
-        limit=ns.limit, num_fewshot=ns.num_fewshot, batch_size=ns.batch_size, max_length=ns.max_length,
+        limit=ns.limit, num_fewshot=ns.num_fewshot, apply_chat_template=ns.apply_chat_template,
+        fewshot_as_multiturn=ns.fewshot_as_multiturn, batch_size=ns.batch_size, max_length=ns.max_length,
         max_batches=ns.max_batches, checkpoint=ns.checkpoint, adapter=ns.adapter, mesh=parse_mesh(ns.mesh),
         progress=not ns.no_progress,
         preference=PreferenceOptions(objective=ns.objective, beta=ns.beta, reference=ns.reference),

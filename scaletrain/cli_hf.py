@@ -38,9 +38,10 @@ def _prompt_ids(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("chat=True but the model folder's tokenizer has no chat template")
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
-        )
+        from scaletrain.data.chat_templates import apply_chat_template
+
+        out = apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                  return_dict=True)
         ids = list(out["input_ids"])
     else:
         ids = list(tokenizer(prompt)["input_ids"])
@@ -102,6 +103,102 @@ def load_run_model(run_dir: str, sharding_axis_dims: Sequence[int] | None, dtype
     return model, tokenizer_for(meta) if meta.get("recipe") else None
 
 
+#: a prompt of a prompts file: text, or a conversation (a list of ``{"role", "content"}`` messages)
+Prompt = str | list[dict[str, Any]]
+
+
+def read_prompts(path: str) -> list[Prompt]:
+    """The prompts of ``path``: JSONL rows with ``prompt`` (text or messages) or ``messages`` for ``.jsonl`` /
+    ``.json`` files, else one prompt a line (blank lines skipped). A bad line is one ConfigError naming it."""
+    import json
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--prompts {path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
+    if not path.endswith((".jsonl", ".json")):
+        prompts: list[Prompt] = [line for _, line in lines]
+    else:
+        prompts = []
+        for n, line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} (line {n}): not valid JSON ({exc})") from None
+            value = row.get("messages", row.get("prompt")) if isinstance(row, dict) else None
+            if not (isinstance(value, str) or (isinstance(value, list) and value and
+                                               all(isinstance(m, dict) and "role" in m for m in value))):
+                raise ConfigError(f"{path} (line {n}): give a 'prompt' (text or a list of messages) or 'messages' "
+                                  "(a list of {\"role\", \"content\"})")
+            prompts.append(value)
+    if not prompts:
+        raise ConfigError(f"--prompts {path}: holds no prompt")
+    return prompts
+
+
+def load_for_generation(model_dir: str, sharding_axis_dims: Sequence[int] | None = None, dtype: str = "float32",
+                        step: int | None = None) -> tuple[Any, Any | None]:
+    """``(model, tokenizer or None)`` of an HF folder, a PEFT adapter folder or a training run (step ``step``)."""
+    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.peft.adapter import ADAPTER_CONFIG
+
+    is_hf, is_adapter = (os.path.isfile(os.path.join(model_dir, f)) for f in ("config.json", ADAPTER_CONFIG))
+    if step is not None and (is_hf or is_adapter):
+        raise ConfigError(f"--checkpoint {step}: {model_dir} is an exported "
+                          f"{'model' if is_hf else 'adapter'} folder, not a training run; drop --checkpoint")
+    if is_hf:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            dtype=dtype,
+            sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None,
+        )
+        return model, load_local_tokenizer(model_dir)
+    if is_adapter:
+        return load_adapter_model(model_dir, sharding_axis_dims, dtype)
+    return load_run_model(model_dir, sharding_axis_dims, dtype, step)
+
+
+def continue_prompts(model: Any, tokenizer: Any | None, prompts: Sequence[Prompt], *, max_new_tokens: int = 64,
+                     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                     chat: bool = False, batch_size: int = 16) -> list[str]:
+    """The new text of each prompt, ``batch_size`` prompts per call of the rollout engine, in order.
+
+    A text prompt is wrapped as a user turn with ``chat``; a conversation always goes through the chat
+    template (with the generation prompt). Greedy decoding gives each prompt what it gets alone; a
+    sampled prompt's draws depend on ``seed`` and its row in its batch.
+    """
+    import jax
+
+    from scaletrain.generation import generate, stop_token_ids, until_stop
+
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size {batch_size}: must be >= 1")
+    ids = [_conversation_ids(tokenizer, p) if isinstance(p, list) else _prompt_ids(tokenizer, p, chat)
+           for p in prompts]
+    eos = stop_token_ids(tokenizer, model.config.eos_token_id)
+    mesh = jax.tree.leaves(model)[0].sharding.mesh
+    out: list[str] = []
+    with jax.set_mesh(mesh):
+        for lo in range(0, len(ids), batch_size):
+            rows = generate(model, ids[lo: lo + batch_size], max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos)
+            for new in rows.tolist():
+                if tokenizer is None:  # ids out, through the stop id (the padding after it dropped)
+                    kept = until_stop(new, eos)
+                    out.append(" ".join(str(t) for t in new[: len(kept) + 1]))
+                else:
+                    out.append(tokenizer.decode(until_stop(new, eos), skip_special_tokens=True))
+    return out
+
+
+def _conversation_ids(tokenizer: Any | None, messages: list[dict[str, Any]]) -> list[int]:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("a prompt given as messages needs a tokenizer with a chat template beside the model")
+    from scaletrain.data.chat_templates import apply_chat_template
+
+    return list(apply_chat_template(tokenizer, messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
 def generate_main(
     model_dir: str,
     prompt: str,
@@ -126,43 +223,9 @@ def generate_main(
     stops at the config's or tokenizer's end-of-sequence token or the chat template's
     end-of-turn token (:func:`scaletrain.generation.stop_token_ids`). With ``chat`` the
     prompt is wrapped as one user turn by the tokenizer's chat template. Without a
-    tokenizer the prompt is space-separated token ids and so is the result.
+    tokenizer the prompt is space-separated token ids and so is the result. Several
+    prompts, the model loaded once: :func:`load_for_generation` then :func:`continue_prompts`.
     """
-    import jax
-
-    from scaletrain.generation import generate, stop_token_ids, until_stop
-    from scaletrain.peft.adapter import ADAPTER_CONFIG
-    from scaletrain.models.registry import AutoModelForCausalLM
-
-    is_hf, is_adapter = (os.path.isfile(os.path.join(model_dir, f)) for f in ("config.json", ADAPTER_CONFIG))
-    if step is not None and (is_hf or is_adapter):
-        raise ConfigError(f"--checkpoint {step}: {model_dir} is an exported "
-                          f"{'model' if is_hf else 'adapter'} folder, not a training run; drop --checkpoint")
-    if is_hf:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir,
-            dtype=dtype,
-            sharding_axis_dims=tuple(sharding_axis_dims) if sharding_axis_dims is not None else None,
-        )
-        tokenizer = load_local_tokenizer(model_dir)
-    elif is_adapter:
-        model, tokenizer = load_adapter_model(model_dir, sharding_axis_dims, dtype)
-    else:
-        model, tokenizer = load_run_model(model_dir, sharding_axis_dims, dtype, step)
-    ids = _prompt_ids(tokenizer, prompt, chat)
-    eos = stop_token_ids(tokenizer, model.config.eos_token_id)
-    mesh = jax.tree.leaves(model)[0].sharding.mesh
-    with jax.set_mesh(mesh):
-        new = generate(
-            model,
-            [ids],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            eos_token_id=eos,
-        )[0].tolist()
-    if tokenizer is None:
-        return " ".join(str(t) for t in new)
-    return tokenizer.decode(until_stop(new, eos), skip_special_tokens=True)
+    model, tokenizer = load_for_generation(model_dir, sharding_axis_dims, dtype, step)
+    return continue_prompts(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, chat=chat)[0]

@@ -120,11 +120,78 @@ def test_bad_input_is_one_message_and_exit_2(both, tmp_path, capsys):
         (["eval", str(root / "hf")], "give --data SOURCE or --tasks"),
         (["eval", str(root / "hf"), "--data", str(root / "tasks" / "text.json"), "--kind", "poetry"],
          "--kind: unknown data kind 'poetry'; the known kinds are"),
+        (["eval", str(root / "hf"), "--tasks", "st_mc", "--include-path", str(root / "tasks"),
+          "--fewshot_as_multiturn"], "--fewshot_as_multiturn needs --apply_chat_template"),
+        (["eval", str(root / "hf"), "--tasks", "st_mc", "--include-path", str(root / "tasks"),
+          "--apply_chat_template"], "has no chat template; drop the flag"),
     ]
     for argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_a_task_yaml_whose_data_file_is_missing_is_one_line_naming_both(both, tmp_path, capsys):
+    """``dataset_kwargs.data_files`` pointing nowhere: exit 2 with one line naming the task YAML and the missing
+    file (it was ``datasets``' FileNotFoundError traceback, after the model had loaded)."""
+    _, _, _, root = both
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    yaml_path = tasks / "st_lost.yaml"
+    missing = tmp_path / "gone" / "lost.json"
+    yaml_path.write_text((root / "tasks" / "st_mc.yaml").read_text().replace("task: st_mc", "task: st_lost")
+                         .replace(str(root / "tasks" / "mc.json"), str(missing)))
+    assert str(missing) in yaml_path.read_text()
+    assert main(["eval", str(root / "hf"), "--tasks", "st_lost", "--include-path", str(tasks), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"task YAML {yaml_path}: the file it reads, {missing}, does not exist; fix the path" in err, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_chat_template_flags_reach_lm_eval_and_score_as_its_hf_model(both, tmp_path):
+    """``--apply_chat_template --fewshot_as_multiturn`` (lm-eval's flags): the prompts lm-eval builds are the chat
+    template's, two few-shot examples as turns of their own, and every request (its prompt, its score, its
+    generated text) equals lm-eval's ``hf`` model given the same two options on the same folder."""
+    import shutil
+
+    import lm_eval
+    import transformers
+    from data_helpers import PLAIN_TEMPLATE
+    from lm_eval.tasks import TaskManager
+
+    _, _, _, root = both
+    folder = tmp_path / "chat"
+    shutil.copytree(root / "hf", folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = PLAIN_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    out, tasks = tmp_path / "out", ["st_mc", "st_gen"]
+    assert main(["eval", str(folder), "--tasks", ",".join(tasks), "--include_path", str(root / "tasks"),
+                 "--apply_chat_template", "--fewshot_as_multiturn", "--num_fewshot", "2", "--output-path", str(out),
+                 "--log_samples", "--batch-size", "4", "--no-progress"]) == 0
+    results = json.loads(open(glob.glob(str(out / "*" / "results_*.json"))[0]).read())
+    assert results["chat_template"] == PLAIN_TEMPLATE and results["fewshot_as_multiturn"] is True
+    theirs = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(folder), "dtype": "float32"},
+                                     tasks=tasks, num_fewshot=2, apply_chat_template=True, fewshot_as_multiturn=True,
+                                     batch_size=4, device="cpu", log_samples=True,
+                                     task_manager=TaskManager(include_path=str(root / "tasks"), include_defaults=False))
+    for task in tasks:
+        mine = {s["doc_id"]: s for s in map(json.loads, open(glob.glob(str(out / "*" / f"samples_{task}_*.jsonl"))[0]))}
+        assert len(mine) == len(theirs["samples"][task])
+        for sample in theirs["samples"][task]:
+            ours = mine[sample["doc_id"]]
+            prompt = ours["arguments"]["gen_args_0"]["arg_0"]
+            assert prompt.count("### user:") == 3 and prompt.endswith("### assistant:\n"), prompt  # 2 shots + doc
+            assert len(ours["arguments"]) == len(sample["arguments"])
+            for i, args in enumerate(sample["arguments"]):  # the same prompt (and continuation) per request
+                assert ours["arguments"][f"gen_args_{i}"]["arg_0"] == args[0]
+                if task == "st_mc":
+                    assert ours["arguments"][f"gen_args_{i}"]["arg_1"] == args[1]
+            for a, b in zip(ours["resps"], sample["resps"]):
+                if task == "st_gen":
+                    assert a == b
+                else:
+                    assert _close(float(a[0][0]), float(b[0][0])) and str(a[0][1]) == str(b[0][1]), (a, b)
 
 
 def test_a_lora_adapter_scores_as_peft_applies_it(both, tmp_path):

@@ -89,6 +89,21 @@ def test_hf_folder_against_itself_as_reference_scores_log_two(work, tmp_path):
     assert figures["objective"] == "kto" and figures["eval_rewards/margins"] == 0.0
 
 
+def test_eval_logs_the_number_of_pairs_it_scores(work, caplog):
+    """``--data PAIRS --kind preference``: the log counts the 24 pairs scored, not the one-row stand-in training
+    side the data is built beside (it said "1 preference pairs ... 1 train rows")."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    source = str(work / "pairs.jsonl")
+    assert main(["eval", str(work / "hf"), "--data", source, "--kind", "preference", "--objective", "orpo",
+                 "--max-length", "16", "--no-progress"]) == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"scoring {len(PAIRS)} preference pairs of {source} ({len(PAIRS)} rows of up to 16 tokens, " \
+           "0 sequences cut)" in lines, lines
+    assert not any("train rows" in line or "1 preference pairs" in line for line in lines), lines
+
+
 @pytest.mark.parametrize("extra,message", [
     ([], "--reference DIR"),
     (["--reference", "/nonexistent"], "--reference /nonexistent: not a Hugging Face model folder"),

@@ -105,9 +105,7 @@ def _build_chat(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, 
     """One conversation per segment, with a loss mask over the assistant turns."""
     from scaletrain.data.chat import build_chat_splits
 
-    template = load_chat_template(data.chat_template) if data.chat_template else None
-    if template is not None:
-        tokenizer.chat_template = template  # so a saved checkpoint carries the template it was trained with
+    _set_chat_template(data, tokenizer)  # so a saved checkpoint carries the template it was trained with
     held = _eval_rows(data, rows)
     return build_chat_splits(
         iter_conversations(rows(data.source, data.split), bad, data.max_documents),
@@ -120,8 +118,10 @@ def _build_chat(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, 
 
 def _set_chat_template(data: DataSection, tokenizer: Any) -> None:
     """``data.chat_template`` on the tokenizer, so a saved checkpoint carries the template it was trained with."""
+    from scaletrain.data.chat_templates import origin_of_setting, set_chat_template
+
     if data.chat_template:
-        tokenizer.chat_template = load_chat_template(data.chat_template)
+        set_chat_template(tokenizer, load_chat_template(data.chat_template), origin_of_setting(data.chat_template))
 
 
 def _build_preference(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,

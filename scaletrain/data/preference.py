@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from scaletrain.data.chat_templates import apply_chat_template
 from scaletrain.data.preference_rows import PairExample, UnpairedExample, iter_pairs, iter_unpaired
 from scaletrain.data.records import BadRows
 from scaletrain.data.splits import LMSplits, held_out_mask, split_by_mask
@@ -121,8 +122,8 @@ class PreferenceEncoder:
         if not getattr(self.tokenizer, "chat_template", None):
             raise DataError("conversational preference rows need a chat template, and the tokenizer has none: use a "
                             "chat tokenizer or set data.chat_template to a Jinja template (text or a .jinja file)")
-        out = self.tokenizer.apply_chat_template(conversations, tokenize=True, return_dict=True,
-                                                 add_generation_prompt=add_generation_prompt)
+        out = apply_chat_template(self.tokenizer, conversations, tokenize=True, return_dict=True,
+                                  add_generation_prompt=add_generation_prompt)
         return [list(ids) for ids in out["input_ids"]]
 
     def _eos_text(self) -> str:

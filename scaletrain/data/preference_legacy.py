@@ -21,11 +21,14 @@ prompt boundary. A SimPO or ORPO run checked against TRL needs TRL's ids, so:
 
 from __future__ import annotations
 
+import functools
 from itertools import takewhile
 from typing import Any
 
+from scaletrain.data.chat_templates import apply_chat_template
 from scaletrain.data.preference import Encoded, PreferenceEncoder, Refused
 from scaletrain.data.preference_rows import PairExample, UnpairedExample
+from scaletrain.errors import DataError
 
 
 def _shared_start(a: str, b: str) -> str:
@@ -42,7 +45,7 @@ class OrpoPairEncoder(PreferenceEncoder):
         last = example.prompt[-1]["role"] if example.prompt else None
         if last not in ("user", "tool", "assistant"):
             raise ValueError(f"the prompt's last message is {last!r}: it must be a user, tool or assistant turn")
-        render = self.tokenizer.apply_chat_template
+        render = functools.partial(apply_chat_template, self.tokenizer)  # a sandbox refusal names the template
         prompt = render(example.prompt, tokenize=False, add_generation_prompt=last != "assistant",
                         continue_final_message=last == "assistant")
         full = [render(example.prompt + c, tokenize=False) for c in (example.chosen, example.rejected)]
@@ -93,6 +96,8 @@ class OrpoPairEncoder(PreferenceEncoder):
                 self._chat_ids([example.prompt], True)  # raises the DataError that names data.chat_template
             try:
                 out.append(self._encode_pair(example))
+            except DataError:  # a template the sandbox refuses: the template's problem, not this row's
+                raise
             except Exception as exc:  # a template that fails on this conversation
                 out.append(Refused(f"the chat template failed on this row: {exc}", example.origin, example.row))
         return out

@@ -66,7 +66,9 @@ def tokenize_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     """The ids of ``prompt`` as TRL's GRPO trainer makes them (chat template with the generation prompt
     for messages, plain tokenization for text)."""
     if is_messages(prompt):
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        from scaletrain.data.chat_templates import apply_chat_template
+
+        ids = apply_chat_template(tokenizer, prompt, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]

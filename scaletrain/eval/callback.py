@@ -51,6 +51,7 @@ class HarnessEvaluation(Callback):
                                   f"{jax.process_count()}; keep eval_harness.data here and run `scaletrain eval "
                                   "RUN --tasks ...` on its checkpoints")
             self._manager = task_manager(task_list(s.tasks), s.include_path)
+            self._manager.preload(task_list(s.tasks))  # their data read now: a missing file fails before step 1
         settings = self._settings(trainer)
         for item in s.data:
             section = source_section(item.source, kind=item.kind, split=item.split, text_column=item.text_column,

@@ -30,7 +30,8 @@ def parse_mesh(text: str | None) -> tuple[int, ...] | None:
 def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", split: str = "train",
              data_keys: dict[str, Any] | None = None, tasks: str | None = None, include_path: str | None = None,
              output_path: str | None = None, log_samples: bool = False, limit: float | None = None,
-             num_fewshot: int | None = None, batch_size: int | None = None, max_length: int | None = None,
+             num_fewshot: int | None = None, apply_chat_template: bool | str = False,
+             fewshot_as_multiturn: bool | None = None, batch_size: int | None = None, max_length: int | None = None,
              max_batches: int | None = None, checkpoint: int | None = None, adapter: str | None = None,
              mesh: tuple[int, ...] | None = None, progress: bool = True,
              preference: Any = None) -> dict[str, Any]:
@@ -38,6 +39,9 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
 
     ``preference``: the :class:`~scaletrain.eval.preference_eval.PreferenceOptions` (objective, β,
     reference) that score preference data; None keeps the run's or the defaults.
+
+    ``apply_chat_template`` (True or a template name) and ``fewshot_as_multiturn`` (None: on with a
+    chat template) mean what lm-eval's flags of those names mean.
 
     Bad input is refused before the model loads where it can be (a missing target or data file, an
     unknown task), each as one ConfigError.
@@ -53,7 +57,10 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
     if data is None and not tasks and folder:
         raise ConfigError(f"{target}: give --data SOURCE or --tasks (only a run folder written by "
                           "`scaletrain train` knows its own eval data)")
+    fewshot_as_multiturn = chat_options(tasks, apply_chat_template, fewshot_as_multiturn)
     manager = task_manager(task_list(tasks), include_path) if tasks else None
+    if manager is not None:  # the tasks' data read now: a missing file is refused before the model loads
+        manager.preload(task_list(tasks))
     from scaletrain.eval.data_eval import source_section
     from scaletrain.eval.preference_eval import PreferenceOptions, check_options
 
@@ -72,13 +79,31 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
         from scaletrain.eval.harness import flat_metrics, run_tasks
         from scaletrain.eval.lm_eval_model import ScaletrainLM
 
+        if apply_chat_template and not getattr(loaded.tokenizer, "chat_template", None):
+            raise ConfigError(f"--apply_chat_template: the tokenizer of {target} has no chat template; drop the "
+                              "flag, or save a tokenizer with one (tokenizer_config.json's chat_template) beside it")
         lm = ScaletrainLM(model=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size or 8,
-                          max_length=max_length)
+                          max_length=max_length,
+                          template_name=apply_chat_template if isinstance(apply_chat_template, str) else None)
         results = run_tasks(lm, tasks, include_path=include_path, num_fewshot=num_fewshot, limit=limit,
-                            log_samples=log_samples, output_path=output_path, model_name=target, manager=manager)
+                            log_samples=log_samples, output_path=output_path, model_name=target, manager=manager,
+                            apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn)
         report["tasks"] = flat_metrics(results, prefix="")
         report["lm_eval_results"] = results
     return report
+
+
+def chat_options(tasks: str | None, apply_chat_template: bool | str, fewshot_as_multiturn: bool | None) -> bool:
+    """``fewshot_as_multiturn`` resolved as lm-eval 0.4.13's command line resolves it (on with a chat template
+    unless given; on without one is refused); the two flags only with ``--tasks``."""
+    if not tasks and (apply_chat_template or fewshot_as_multiturn):
+        given = "--apply_chat_template" if apply_chat_template else "--fewshot_as_multiturn"
+        raise ConfigError(f"{given}: only with --tasks (lm-eval tasks); --data is scored as the data kind renders it")
+    if fewshot_as_multiturn is None:
+        return bool(apply_chat_template)
+    if fewshot_as_multiturn and not apply_chat_template:
+        raise ConfigError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are turns of a chat)")
+    return fewshot_as_multiturn
 
 
 def _glob_exists(pattern: str) -> bool:

@@ -9,11 +9,16 @@ run on its own eval data therefore reproduces its final evaluation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from scaletrain.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +74,45 @@ def eval_rows(section: Any, tokenizer: Any, settings: EvalSettings) -> tuple[Any
     if tokenizer is None:
         raise ConfigError("the target has no tokenizer (an HF folder without tokenizer files, or a run driven from "
                           "Python); save the tokenizer beside the model to evaluate on text")
-    splits = build_datasets(section, tokenizer, max_length=settings.max_length, seed=settings.seed,
-                            truncation_mode=settings.truncation_mode)
+    with _builders_quiet():  # their line counts the training side too, which nothing here scores
+        splits = build_datasets(section, tokenizer, max_length=settings.max_length, seed=settings.seed,
+                                truncation_mode=settings.truncation_mode)
     if len(splits.eval) == 0:
         raise DataError(f"data source {section.eval_source or section.source!r} gave no evaluation rows")
+    logger.info("%s", scored_rows_line(section.eval_source or section.source, splits.stats, len(splits.eval),
+                                       settings.max_length))
     bpt = splits.eval_bytes_per_token
     return splits.eval, (bpt if bpt == bpt and bpt > 0 else None)
+
+
+def scored_rows_line(source: str, stats: dict[str, Any], rows: int, max_length: int) -> str:
+    """What the evaluation scores, in the data's own unit (pairs, rows, tokens), from a build's ``stats``.
+
+    Why not the builder's own line: ``--data`` builds its source as the *eval* split beside a
+    one-row stand-in training split, so that line said "1 preference pairs ... 1 train rows"
+    for 8 pairs scored.
+    """
+    cut = stats.get("eval_truncated")
+    shape = f"{rows} rows of up to {max_length} tokens" + ("" if cut is None else f", {int(cut)} sequences cut")
+    kind = stats.get("kind")
+    if kind == "preference":
+        return f"scoring {rows} preference pairs of {source} ({shape})"
+    if kind == "unpaired_preference":
+        return f"scoring {rows} unpaired preference rows of {source} ({shape})"
+    tokens = stats.get("eval_tokens")
+    return f"scoring {source} as {kind} data: {shape}" + ("" if tokens is None else f" ({int(tokens)} tokens)")
+
+
+@contextlib.contextmanager
+def _builders_quiet() -> Iterator[None]:
+    """The data builders' INFO lines off (their warnings, e.g. bad rows, still shown) for the block."""
+    data_logger = logging.getLogger("scaletrain.data")
+    level = data_logger.level
+    data_logger.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        data_logger.setLevel(level)
 
 
 def evaluate_rows(model: Any, rows: Any, settings: EvalSettings, bytes_per_token: float | None = None,

@@ -34,9 +34,13 @@ def task_list(tasks: str | Sequence[str]) -> list[str]:
 
 
 def task_manager(tasks: Sequence[str], include_path: str | Sequence[str] | None = None) -> Any:
-    """lm-eval's TaskManager over its registry and ``include_path``; one ConfigError naming every task it lacks."""
+    """lm-eval's TaskManager over its registry and ``include_path``; one ConfigError naming every task it lacks.
+
+    The manager is a :class:`~scaletrain.eval.task_loading.CheckedTaskManager`: ``preload`` builds the tasks
+    ahead of the model, and a task whose data file is missing is one ConfigError naming its YAML.
+    """
     require_lm_eval()
-    from lm_eval.tasks import TaskManager
+    from scaletrain.eval.task_loading import CheckedTaskManager as TaskManager
 
     paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
     for path in paths:
@@ -58,8 +62,11 @@ def task_manager(tasks: Sequence[str], include_path: str | Sequence[str] | None 
 def run_tasks(lm: Any, tasks: str | Sequence[str], *, include_path: str | Sequence[str] | None = None,
               num_fewshot: int | None = None, limit: float | None = None, log_samples: bool = False,
               output_path: str | None = None, model_name: str = "scaletrain",
-              gen_kwargs: str | None = None, manager: Any = None) -> dict[str, Any]:
+              gen_kwargs: str | None = None, manager: Any = None, apply_chat_template: bool | str = False,
+              fewshot_as_multiturn: bool = False) -> dict[str, Any]:
     """lm-eval's ``simple_evaluate`` on ``lm``; with ``output_path`` its results (and samples) files are written.
+
+    ``apply_chat_template`` / ``fewshot_as_multiturn`` are lm-eval's own options, handed to it as given.
 
     Returns lm-eval's results dict (``results``, ``configs``, ``versions``, ... and ``samples`` when
     ``log_samples``).
@@ -74,6 +81,7 @@ def run_tasks(lm: Any, tasks: str | Sequence[str], *, include_path: str | Sequen
     results = simple_evaluate(
         model=lm, model_args=f"pretrained={model_name}", tasks=names, num_fewshot=num_fewshot, limit=limit,
         log_samples=log_samples, evaluation_tracker=tracker, task_manager=manager, gen_kwargs=gen_kwargs,
+        apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn,
     )
     if results is None:  # a non-zero rank of a multi-process lm-eval run
         return {}

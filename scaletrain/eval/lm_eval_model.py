@@ -41,7 +41,7 @@ class ScaletrainLM(TemplateLM):
     def __init__(self, model: Any = None, tokenizer: Any = None, *, pretrained: str | None = None,
                  checkpoint: int | None = None, adapter: str | None = None, mesh: Any = None,
                  batch_size: int | str | None = 8, max_length: int | None = None, max_gen_toks: int = MAX_GEN_TOKS,
-                 add_bos_token: bool | None = None, **_ignored: Any):
+                 add_bos_token: bool | None = None, template_name: str | None = None, **_ignored: Any):
         super().__init__()
         if (model is None) == (pretrained is None):
             raise ConfigError("ScaletrainLM: pass model= (with tokenizer=) or pretrained=PATH, one of the two")
@@ -59,6 +59,7 @@ class ScaletrainLM(TemplateLM):
         size = 8 if batch_size in (None, "auto") else int(str(batch_size).split(":")[0])
         self.scorer = TokenScorer(model, size, max_length)
         self._max_gen_toks = int(max_gen_toks)
+        self.template_name = template_name  # --apply_chat_template NAME: one of the tokenizer's named templates
 
     # ---- what TemplateLM asks of a model -------------------------------------------------
     @property
@@ -82,6 +83,24 @@ class ScaletrainLM(TemplateLM):
     @property
     def tokenizer_name(self) -> str:
         return getattr(self.tokenizer, "name_or_path", "tokenizer").replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The chat as the tokenizer's template renders it (``--apply_chat_template``), as lm-eval's ``hf`` model
+        renders it: the last assistant turn continued when no generation prompt is asked, and a template that
+        rejects a system turn tried again without it."""
+        import jinja2
+
+        from scaletrain.data.chat_templates import apply_chat_template
+
+        templates = getattr(self.tokenizer, "chat_template", None)
+        named = isinstance(templates, dict) and self.template_name in templates
+        keys = dict(tokenize=False, add_generation_prompt=add_generation_prompt,
+                    continue_final_message=not add_generation_prompt,
+                    **({"chat_template": self.template_name} if named else {}))
+        try:
+            return apply_chat_template(self.tokenizer, chat_history, **keys)
+        except jinja2.exceptions.TemplateError:
+            return apply_chat_template(self.tokenizer, [m for m in chat_history if m["role"] != "system"], **keys)
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         """Token ids of ``string``; the tokenizer's own special tokens unless told (a string that already starts
