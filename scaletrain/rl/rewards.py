@@ -11,6 +11,8 @@ under its own name (repeated for each of a prompt's completions), plus ``complet
 A recipe lists them under TRL's name ``reward_funcs``: ``"package.module:function"``, a
 built-in's name (:data:`BUILTINS`), or ``{function: <either>, <keyword>: <value>, ...}`` to
 bind options (e.g. a built-in's ``pattern``); ``reward_weights`` weighs them (default 1 each).
+A ``module`` is looked for first in the recipe's folder, then in the working directory (as
+``python script.py`` finds the modules beside it), then on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -96,45 +100,73 @@ class RewardFunction:
     fn: RewardFn
 
 
-def _resolve(path: str, field: str) -> RewardFn:
+def _module_folder(module: str, folders: Sequence[str]) -> str | None:
+    """The first of ``folders`` that holds ``module``'s top package (``top.py`` or ``top/``), as ``python`` finds
+    a script's neighbours."""
+    top = module.partition(".")[0]
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top)):
+            return os.path.abspath(folder)
+    return None
+
+
+def _import(module: str, folders: Sequence[str]) -> Any:
+    """``module``, looked for first in ``folders`` (put on ``sys.path`` as ``python script.py`` puts the script's
+    folder), then where Python looks."""
+    folder = _module_folder(module, folders)
+    if folder is not None and folder not in sys.path:
+        sys.path.insert(0, folder)
+        importlib.invalidate_caches()
+    return importlib.import_module(module)
+
+
+def _resolve(path: str, field: str, folders: Sequence[str] = ()) -> RewardFn:
     if path in BUILTINS:
         return BUILTINS[path]
     module, sep, attr = path.partition(":")
     if not sep or not module or not attr:
         raise ConfigError(f"{field}={path!r}: name a built-in ({', '.join(BUILTINS)}) or a callable as "
                           f"'package.module:function'")
+    folders = [*folders, os.getcwd()]
     try:
-        fn = getattr(importlib.import_module(module), attr)
+        fn = getattr(_import(module, folders), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{field}={path!r} cannot be loaded: {exc}") from None
+        where = ", ".join(dict.fromkeys(os.path.abspath(f) for f in folders))
+        raise ConfigError(f"{field}={path!r} cannot be loaded: {exc} (looked in {where}, then on sys.path)"
+                          ) from None
+    except Exception as exc:  # the module itself fails as it is imported
+        raise ConfigError(f"{field}={path!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
     if not callable(fn):
         raise ConfigError(f"{field}={path!r} is not callable")
     return fn
 
 
-def load_reward(spec: Any, field: str = "reward_funcs[0]") -> RewardFunction:
-    """A reward from a recipe entry (a name, ``{function: name, **options}``) or a callable."""
+def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str] = ()) -> RewardFunction:
+    """A reward from a recipe entry (a name, ``{function: name, **options}``) or a callable; a
+    ``module:function`` is looked for in ``folders`` (a recipe's folder), then the working directory,
+    then on ``sys.path``."""
     if callable(spec):
         return RewardFunction(getattr(spec, "__name__", type(spec).__name__), spec)
     if isinstance(spec, str):
-        fn = _resolve(spec, field)
+        fn = _resolve(spec, field, folders)
         return RewardFunction(getattr(fn, "__name__", spec.rpartition(":")[2]), fn)
     if isinstance(spec, Mapping) and isinstance(spec.get("function"), str):
         options = {k: v for k, v in spec.items() if k != "function"}
-        fn = _resolve(spec["function"], f"{field}.function")
+        fn = _resolve(spec["function"], f"{field}.function", folders)
         name = str(options.pop("name", getattr(fn, "__name__", spec["function"])))
         return RewardFunction(name, functools.partial(fn, **options))
     raise ConfigError(f"{field}: expected 'module:function', a built-in name or {{function: ..., options}}, "
                       f"got {spec!r}")
 
 
-def load_rewards(specs: Sequence[Any] | Any, weights: Sequence[float] | None = None
-                 ) -> tuple[list[RewardFunction], list[float]]:
-    """The rewards and their weights (``reward_weights``; 1.0 each by default, one per function)."""
+def load_rewards(specs: Sequence[Any] | Any, weights: Sequence[float] | None = None, folders: Sequence[str] = (),
+                 field: str = "reward_funcs") -> tuple[list[RewardFunction], list[float]]:
+    """The rewards and their weights (``reward_weights``; 1.0 each by default, one per function); ``folders``
+    as for :func:`load_reward`; ``field``: the list's name in messages (a recipe's ``objective.reward_funcs``)."""
     specs = list(specs) if isinstance(specs, (list, tuple)) else [specs]
     if not specs:
-        raise ConfigError("reward_funcs: list at least one reward function")
-    funcs = [load_reward(s, f"reward_funcs[{i}]") for i, s in enumerate(specs)]
+        raise ConfigError(f"{field}: list at least one reward function")
+    funcs = [load_reward(s, f"{field}[{i}]", folders) for i, s in enumerate(specs)]
     if weights is None:
         return funcs, [1.0] * len(funcs)
     if len(weights) != len(funcs):
