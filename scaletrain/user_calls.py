@@ -104,7 +104,9 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
 def _abandon(worker: threading.Thread, done: threading.Event) -> None:
     """Ask ``worker`` to stop (an exception at its next Python instruction) and remember it if it goes on."""
     if worker.ident is not None and not done.is_set():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_Abandon))
+        ident = ctypes.c_ulong(worker.ident)
+        if ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(_Abandon)) > 1:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, None)  # more than one thread state: undo (CPython's rule)
     worker.join(POLL_SECONDS)
     if worker.is_alive():
         _abandoned.append(worker)
