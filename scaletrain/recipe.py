@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from scaletrain.arguments import TrainingArguments, format_validation_error
 from scaletrain.config_keys import problem_lines
@@ -201,6 +201,15 @@ class Recipe(BaseModel):
     sweep: SweepSection = SweepSection()
     # lm-eval tasks and extra eval data sets scored during training (scaletrain.eval.callback)
     eval_harness: EvalHarnessSection = EvalHarnessSection()
+    # the folder of the recipe file it was read from (None: built in Python); see `folder`
+    _folder: str | None = PrivateAttr(default=None)
+
+    @property
+    def folder(self) -> str | None:
+        """The folder of the recipe file this recipe was read from (None: built in Python): where its
+        ``module:function`` references (GRPO's ``reward_funcs``) are looked for first, as ``python script.py``
+        finds the modules beside the script."""
+        return self._folder
 
     @model_validator(mode="after")
     def _lora_into_training(self) -> Recipe:
@@ -263,7 +272,9 @@ class Recipe(BaseModel):
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the recipe must be a mapping of sections, got {type(data).__name__}")
         data = apply_overrides(data, overrides)
-        return cls.from_dict(data, where=path, overrides=overrides)
+        recipe = cls.from_dict(data, where=path, overrides=overrides)
+        recipe._folder = os.path.dirname(os.path.abspath(path))
+        return recipe
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -30,15 +30,21 @@ pytestmark = pytest.mark.slow
 PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog"]
 REWARD = '''
 import os
+import time
 import jax
 from scaletrain.rl.rewards import format_regex
 
+_hung = []
 
 def words(prompts, completions, **columns):
     with open(os.path.join(os.environ["GRPO_CALLS"], f"{jax.process_index()}.txt"), "a") as f:
         f.write(f"{len(completions)}\\n")
     if os.environ["GRPO_FAIL"] == str(jax.process_index()):
         raise ValueError("no reward today")
+    if os.environ.get("GRPO_HANG") == str(jax.process_index()) and not _hung:  # its first call sleeps for ever
+        _hung.append(True)
+        while True:
+            time.sleep(1)
     return format_regex(prompts, completions, pattern=r"(?s).*\\b(yes|no|maybe|one|two)\\b.*")
 '''
 
@@ -65,15 +71,17 @@ def work(tmp_path_factory):
     return root
 
 
-def _run(work, name: str, *command: str, devices: int = 1, fail_in: str = "", status: int = 0) -> str:
+def _run(work, name: str, *command: str, devices: int = 1, fail_in: str = "", hang_in: str = "", status: int = 0,
+         overrides: tuple[str, ...] = ()) -> str:
     """Run the recipe (``command``: ``train`` or ``launch ...``) into ``work/name``; ``fail_in``: the process
-    whose reward raises; the text it printed, once it exited with ``status``."""
+    whose reward raises, ``hang_in``: the one whose first reward call never returns; the text it printed, once it
+    exited with ``status``."""
     out, calls = work / name, work / f"{name}-calls"
     calls.mkdir(exist_ok=True)
     env = _env(PYTHONPATH=os.pathsep.join([ROOT, str(work)]), GRPO_CALLS=str(calls), GRPO_FAIL=fail_in,
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               GRPO_HANG=hang_in, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     child = subprocess.Popen([sys.executable, "-m", "scaletrain", *command, str(work / "grpo.yaml"),
-                              f"training.output_dir={out}"],
+                              f"training.output_dir={out}", *overrides],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         text, _ = child.communicate(timeout=LIMIT_S)
@@ -131,3 +139,16 @@ def test_a_reward_raising_in_one_process_stops_both_at_once(work):
                x.endswith("ValueError: no reward today") for x in errors), errors
     assert "[0] scaletrain: error: a reward function raised in process 1 (its log names it and the row); process 0 " \
            "stops too" in errors, errors
+
+
+def test_a_reward_hanging_in_one_process_times_out_there_and_both_go_on(work):
+    """Process 1's first reward call never returns: after reward_timeout its 6 rows score None (counted in
+    rewards/words/timeouts, the same figure on both processes since it is gathered with the rewards), and both
+    processes train on to the horizon, process 0 never waiting for ever in the gather."""
+    _run(work, "hanging", "launch", "--nproc", "2", "--kill-after", "10", hang_in="1",
+         overrides=("objective.reward_timeout=5",))  # far above a call's microseconds
+    records = [r for r in map(json.loads, (work / "hanging" / "metrics.jsonl").read_text().splitlines())
+               if r["split"] == "train" and "reward" in r]
+    assert [(r["step"], r["rewards/words/timeouts"]) for r in records] == [(1, 6.0), (4, 0.0)]
+    assert json.loads((work / "hanging" / "summary.json").read_text())["final_step"] == 4
+    assert _calls(work, "hanging") == {"0": [6, 6], "1": [6, 6]}

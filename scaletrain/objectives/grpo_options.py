@@ -8,7 +8,9 @@ validated values. EasyDeL's ``GRPOConfig`` uses the same names for what they sha
 Two defaults differ from TRL's on purpose: ``vllm_importance_sampling_correction`` is off
 (TRL applies it only with vLLM; our sampler runs the trainer's own forward, so sampler and
 trainer agree and the correction is an option for reduced-precision runs), and
-``max_completion_length`` is 256 (TRL: 512) to suit a CPU.
+``max_completion_length`` is 256 (TRL: 512) to suit a CPU. One option is ours alone:
+``reward_timeout``, the seconds a reward function's call may take before its rows score ``None``
+(TRL waits for ever; ``scaletrain.user_calls``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class GRPOOptions(BaseModel):
     reward_funcs: list[Any] = Field(default_factory=list)
     reward_weights: list[float] | None = None
     scale_rewards: str = "group"
+    # seconds one call of a reward function may take (it scores a batch's rows); past it the rows score None
+    reward_timeout: float = Field(300.0, gt=0)
     # the loss
     loss_type: str = "dapo"
     importance_sampling_level: str = "token"

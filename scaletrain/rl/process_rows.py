@@ -20,6 +20,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from scaletrain.errors import DataError
+from scaletrain.training.stopping import StepInterrupted
+from scaletrain.user_calls import StopRequested
+
 
 def _row_span(index: tuple[slice, ...], n: int) -> range:
     start, stop, _ = index[0].indices(n) if index else (0, n, 1)
@@ -90,12 +94,32 @@ class RowLayout:
         return jax.make_array_from_callback((self.n, *values.shape[1:]), sharding_of(values.ndim), rows)
 
 
-def failed_processes(failed: bool) -> list[int]:
-    """The processes that say ``failed`` (a collective, as :meth:`RowLayout.gather`): a process whose own step
-    fails tells the others, which would otherwise wait for it in their next collective."""
+def process_codes(code: int) -> list[int]:
+    """Every process's ``code`` (0: all is well; a cause of stopping otherwise), in process order: a collective,
+    so a process whose own step fails tells the others, which would otherwise wait for it in their next one."""
     if jax.process_count() == 1:
-        return [0] if failed else []
+        return [code]
     from jax.experimental import multihost_utils
 
-    flags = np.asarray(multihost_utils.process_allgather(np.array([int(failed)], np.int32))).reshape(-1)
-    return [int(p) for p in np.flatnonzero(flags)]
+    return [int(c) for c in np.asarray(multihost_utils.process_allgather(np.array([code], np.int32))).reshape(-1)]
+
+
+def raise_agreed(failure: Exception | None) -> None:
+    """After each process scored its own rows, every process learns how the others fared and all raise together
+    (a collective, as :meth:`RowLayout.gather`), so none waits in a collective for one that has left.
+
+    ``failure``: this process's DataError (a reward raised or returned a bad value: raised as it is, and
+    the others say where it was), a :class:`~scaletrain.user_calls.StopRequested` (a signal while
+    waiting for a reward: every process raises :class:`~scaletrain.training.stopping.StepInterrupted`,
+    the step is given up before its update), or None. A reward error wins over a stop: it needs a fix
+    before the run can go on.
+    """
+    codes = process_codes(0 if failure is None else 2 if isinstance(failure, StopRequested) else 1)
+    if isinstance(failure, DataError):
+        raise failure
+    if 1 in codes:
+        raise DataError(f"a reward function raised in process {codes.index(1)} (its log names it and the row); "
+                        f"process {jax.process_index()} stops too")
+    if 2 in codes:
+        raise StepInterrupted(str(failure) if failure is not None else
+                              f"a signal reached process {codes.index(2)} while it waited for a reward function")

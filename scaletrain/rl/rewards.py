@@ -6,11 +6,19 @@ completion, exactly as TRL's ``GRPOTrainer`` calls it: ``prompts`` and ``complet
 ``[{"role": "assistant", "content": ...}]``), every other column of the prompt rows arrives
 under its own name (repeated for each of a prompt's completions), plus ``completion_ids``.
 ``None`` means "not applicable to this row": that function is left out of the row's reward
-(``scaletrain.rl.advantages`` sums with NaN skipped). So a function written for TRL works here.
+(``scaletrain.rl.advantages`` sums with NaN skipped), and so is NaN. So a function written for TRL works here.
+Anything else that is not a finite number (a string, ``inf``) stops the run with one line naming the
+function and the row: ``inf`` is not a score of anything (it comes from a ``log(0)`` or a division by
+zero) and would turn its whole group's advantages into NaN, so unlike NaN it is not quietly skipped.
+Each call runs under a deadline (``reward_timeout``, :mod:`scaletrain.user_calls`): a call that does
+not return in time scores its rows None and is counted (``rewards/<name>/timeouts``), and a signal
+while waiting for one stops the step.
 
 A recipe lists them under TRL's name ``reward_funcs``: ``"package.module:function"``, a
 built-in's name (:data:`BUILTINS`), or ``{function: <either>, <keyword>: <value>, ...}`` to
 bind options (e.g. a built-in's ``pattern``); ``reward_weights`` weighs them (default 1 each).
+A ``module`` is looked for first in the recipe's folder, then in the working directory (as
+``python script.py`` finds the modules beside it), then on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -18,13 +26,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import logging
+import math
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from scaletrain.errors import ConfigError, DataError
+from scaletrain.user_calls import DeadlineExceeded, StopRequested, call_with_deadline
+
+logger = logging.getLogger("scaletrain")
 
 RewardFn = Callable[..., Sequence[float | None]]
 
@@ -96,45 +111,73 @@ class RewardFunction:
     fn: RewardFn
 
 
-def _resolve(path: str, field: str) -> RewardFn:
+def _module_folder(module: str, folders: Sequence[str]) -> str | None:
+    """The first of ``folders`` that holds ``module``'s top package (``top.py`` or ``top/``), as ``python`` finds
+    a script's neighbours."""
+    top = module.partition(".")[0]
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top)):
+            return os.path.abspath(folder)
+    return None
+
+
+def _import(module: str, folders: Sequence[str]) -> Any:
+    """``module``, looked for first in ``folders`` (put on ``sys.path`` as ``python script.py`` puts the script's
+    folder), then where Python looks."""
+    folder = _module_folder(module, folders)
+    if folder is not None and folder not in sys.path:
+        sys.path.insert(0, folder)
+        importlib.invalidate_caches()
+    return importlib.import_module(module)
+
+
+def _resolve(path: str, field: str, folders: Sequence[str] = ()) -> RewardFn:
     if path in BUILTINS:
         return BUILTINS[path]
     module, sep, attr = path.partition(":")
     if not sep or not module or not attr:
         raise ConfigError(f"{field}={path!r}: name a built-in ({', '.join(BUILTINS)}) or a callable as "
                           f"'package.module:function'")
+    folders = [*folders, os.getcwd()]
     try:
-        fn = getattr(importlib.import_module(module), attr)
+        fn = getattr(_import(module, folders), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{field}={path!r} cannot be loaded: {exc}") from None
+        where = ", ".join(dict.fromkeys(os.path.abspath(f) for f in folders))
+        raise ConfigError(f"{field}={path!r} cannot be loaded: {exc} (looked in {where}, then on sys.path)"
+                          ) from None
+    except Exception as exc:  # the module itself fails as it is imported
+        raise ConfigError(f"{field}={path!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
     if not callable(fn):
         raise ConfigError(f"{field}={path!r} is not callable")
     return fn
 
 
-def load_reward(spec: Any, field: str = "reward_funcs[0]") -> RewardFunction:
-    """A reward from a recipe entry (a name, ``{function: name, **options}``) or a callable."""
+def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str] = ()) -> RewardFunction:
+    """A reward from a recipe entry (a name, ``{function: name, **options}``) or a callable; a
+    ``module:function`` is looked for in ``folders`` (a recipe's folder), then the working directory,
+    then on ``sys.path``."""
     if callable(spec):
         return RewardFunction(getattr(spec, "__name__", type(spec).__name__), spec)
     if isinstance(spec, str):
-        fn = _resolve(spec, field)
+        fn = _resolve(spec, field, folders)
         return RewardFunction(getattr(fn, "__name__", spec.rpartition(":")[2]), fn)
     if isinstance(spec, Mapping) and isinstance(spec.get("function"), str):
         options = {k: v for k, v in spec.items() if k != "function"}
-        fn = _resolve(spec["function"], f"{field}.function")
+        fn = _resolve(spec["function"], f"{field}.function", folders)
         name = str(options.pop("name", getattr(fn, "__name__", spec["function"])))
         return RewardFunction(name, functools.partial(fn, **options))
     raise ConfigError(f"{field}: expected 'module:function', a built-in name or {{function: ..., options}}, "
                       f"got {spec!r}")
 
 
-def load_rewards(specs: Sequence[Any] | Any, weights: Sequence[float] | None = None
-                 ) -> tuple[list[RewardFunction], list[float]]:
-    """The rewards and their weights (``reward_weights``; 1.0 each by default, one per function)."""
+def load_rewards(specs: Sequence[Any] | Any, weights: Sequence[float] | None = None, folders: Sequence[str] = (),
+                 field: str = "reward_funcs") -> tuple[list[RewardFunction], list[float]]:
+    """The rewards and their weights (``reward_weights``; 1.0 each by default, one per function); ``folders``
+    as for :func:`load_reward`; ``field``: the list's name in messages (a recipe's ``objective.reward_funcs``)."""
     specs = list(specs) if isinstance(specs, (list, tuple)) else [specs]
     if not specs:
-        raise ConfigError("reward_funcs: list at least one reward function")
-    funcs = [load_reward(s, f"reward_funcs[{i}]") for i, s in enumerate(specs)]
+        raise ConfigError(f"{field}: list at least one reward function")
+    funcs = [load_reward(s, f"{field}[{i}]", folders) for i, s in enumerate(specs)]
     if weights is None:
         return funcs, [1.0] * len(funcs)
     if len(weights) != len(funcs):
@@ -142,44 +185,112 @@ def load_rewards(specs: Sequence[Any] | Any, weights: Sequence[float] | None = N
     return funcs, [float(w) for w in weights]
 
 
+#: the default of ``reward_timeout`` (``objective.reward_timeout``): seconds one call may take
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """``values``: [N, F] float32 rewards, NaN where a function returned None or timed out; ``timed_out``: [N, F]
+    bool, the rows whose function's call did not return within the timeout (``rewards/<name>/timeouts``)."""
+
+    values: np.ndarray
+    timed_out: np.ndarray
+
+
 def _call(func: RewardFunction, prompts: list[Any], completions: list[Any], columns: Mapping[str, list[Any]],
-          ) -> Sequence[float | None]:
-    return func.fn(prompts=prompts, completions=completions, **columns)
+          timeout: float, stop_requested: Callable[[], str | None]) -> Sequence[float | None]:
+    return call_with_deadline(func.fn, timeout=timeout, what=f"reward function {func.name!r}",
+                              stop_requested=stop_requested, prompts=prompts, completions=completions, **columns)
 
 
 def _failing_row(func: RewardFunction, prompts: list[Any], completions: list[Any],
-                 columns: Mapping[str, list[Any]]) -> int | None:
-    """The first row that raises on its own, to name it (None: only the whole batch fails)."""
+                 columns: Mapping[str, list[Any]], timeout: float, stop_requested: Callable[[], str | None]
+                 ) -> int | None:
+    """The first row that raises on its own, to name it (None: only the whole batch fails, or a row's call
+    timed out before one did)."""
     for i in range(len(prompts)):
         try:
-            _call(func, prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in columns.items()})
+            _call(func, prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in columns.items()},
+                  timeout, stop_requested)
+        except DeadlineExceeded:
+            return None
+        except StopRequested:
+            raise
         except Exception:
             return i
     return None
 
 
-def score(funcs: Sequence[RewardFunction], prompts: list[Any], completions: list[Any],
-          columns: Mapping[str, list[Any]], rows: Sequence[int] | None = None) -> np.ndarray:
-    """[N, F] float32 rewards of N completions by F functions, NaN where a function returned None.
+def _row_text(prompts: list[Any], completions: list[Any], row: int) -> str:
+    return f"prompt {completion_text(prompts[row])[:80]!r}, completion {completion_text(completions[row])[:80]!r}"
 
-    A function that raises is a DataError naming it and the first row that raises alone (its
-    prompt and completion), with the original error; one that returns the wrong number of values
-    is named too. ``rows``: the rows' numbers in the whole batch, for that message (default 0, 1, ...: a
-    process scoring its own share of the rows passes theirs).
+
+def _number(func: RewardFunction, value: Any, row: int, row_number: int, prompts: list[Any],
+            completions: list[Any]) -> float:
+    """``value`` as a reward: None and NaN are NaN (the row is left out, as TRL does); ``±inf``, or anything that
+    is not a number (a string, even ``"1.0"``: TRL's ``torch.tensor`` refuses it too), is a DataError naming the
+    function and the row. A number is whatever ``float()`` takes except text: Python's and NumPy's numbers, a
+    0-d NumPy or JAX array."""
+    if value is None:
+        return math.nan
+    number = None
+    if not isinstance(value, (str, bytes)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            pass
+    where = f"for row {row_number} ({_row_text(prompts, completions, row)})"
+    if number is None:
+        raise DataError(f"reward function {func.name!r} returned {value!r} ({type(value).__name__}) {where}; "
+                        f"return a number (float) or None per completion")
+    if math.isinf(number):
+        raise DataError(f"reward function {func.name!r} returned {number} {where}; return a finite number, or None "
+                        f"for a row it does not score")
+    return number
+
+
+def score_calls(funcs: Sequence[RewardFunction], prompts: list[Any], completions: list[Any],
+                columns: Mapping[str, list[Any]], rows: Sequence[int] | None = None, *,
+                timeout: float = DEFAULT_TIMEOUT, stop_requested: Callable[[], str | None] | None = None) -> Scores:
+    """The rewards of N completions by F functions, each call under ``timeout`` seconds (:class:`Scores`).
+
+    A call past ``timeout`` scores its rows NaN (``None``) and is logged; a stop request
+    (``stop_requested()`` returning a reason, checked while waiting) raises
+    :class:`~scaletrain.user_calls.StopRequested`. A function that raises is a DataError naming it and the
+    first row that raises alone (its prompt and completion), with the original error; one that returns
+    the wrong number of values, a value that is not a number, or ±inf is named too, with the row.
+    ``rows``: the rows' numbers in the whole batch, for those messages (default 0, 1, ...: a process
+    scoring its own share of the rows passes theirs).
     """
+    stop = stop_requested or (lambda: None)
     n = len(completions)
     out = np.full((n, len(funcs)), np.nan, np.float32)
+    timed_out = np.zeros((n, len(funcs)), bool)
+    numbers = list(range(n)) if rows is None else [int(r) for r in rows]
     for j, func in enumerate(funcs):
         try:
-            values = list(_call(func, prompts, completions, columns))
+            values = list(_call(func, prompts, completions, columns, timeout, stop))
+        except DeadlineExceeded as exc:
+            logger.warning("%s (objective.reward_timeout): its %d rows score None", exc, n)
+            timed_out[:, j] = True
+            continue
+        except StopRequested:
+            raise
         except Exception as exc:
-            row = _failing_row(func, prompts, completions, columns)
-            number = row if row is None or rows is None else int(rows[row])
-            where = "" if row is None else (f" on row {number} (prompt {completion_text(prompts[row])[:80]!r}, "
-                                            f"completion {completion_text(completions[row])[:80]!r})")
+            row = _failing_row(func, prompts, completions, columns, timeout, stop)
+            where = "" if row is None else f" on row {numbers[row]} ({_row_text(prompts, completions, row)})"
             raise DataError(f"reward function {func.name!r} raised{where}: {type(exc).__name__}: {exc}") from exc
         if len(values) != n:
             raise DataError(f"reward function {func.name!r} returned {len(values)} rewards for {n} completions; "
                             f"it must return one per completion")
-        out[:, j] = [np.nan if v is None else float(v) for v in values]
-    return out
+        out[:, j] = [_number(func, v, i, numbers[i], prompts, completions) for i, v in enumerate(values)]
+    return Scores(out, timed_out)
+
+
+def score(funcs: Sequence[RewardFunction], prompts: list[Any], completions: list[Any],
+          columns: Mapping[str, list[Any]], rows: Sequence[int] | None = None, *,
+          timeout: float = DEFAULT_TIMEOUT) -> np.ndarray:
+    """[N, F] float32 rewards of N completions by F functions, NaN where a function returned None (or NaN, or its
+    call timed out): :func:`score_calls`'s values."""
+    return score_calls(funcs, prompts, completions, columns, rows, timeout=timeout).values

@@ -47,8 +47,8 @@ from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
-from scaletrain.rl.process_rows import RowLayout, failed_processes
-from scaletrain.rl.rewards import load_rewards, score
+from scaletrain.rl.process_rows import RowLayout, raise_agreed
+from scaletrain.rl.rewards import load_rewards, score_calls
 from scaletrain.rl.scoring import (
     completion_metrics,
     completion_records,
@@ -74,7 +74,9 @@ from scaletrain.training.reference import (
 )
 from scaletrain.training.state import FrozenModel, TrainState, state_shardings
 from scaletrain.training.steps import train_step
+from scaletrain.training.stopping import pending_signal
 from scaletrain.training.trainer import Trainer
+from scaletrain.user_calls import StopRequested
 
 logger = logging.getLogger("scaletrain")
 
@@ -332,26 +334,25 @@ class GRPOTrainer(Trainer):
         own = np.searchsorted(layout.held, layout.owned)
         comp_ids, lengths = h["completion_ids"][own], h["lengths"][own]
         names = [f.name for f in self.reward_functions]
-        per_func, failure = np.zeros((0, len(names)), np.float32), None
+        per_func, timed_out, failure = np.zeros((0, len(names)), np.float32), np.zeros((0, len(names)), bool), None
         try:
             if len(own):
                 completions = decode(self.tokenizer, comp_ids, lengths, self.conversational)
                 prompt_values, columns = reward_inputs([rows[r // g] for r in layout.owned], 1, comp_ids, lengths)
-                per_func = score(self.reward_functions, prompt_values, completions, columns, layout.owned)
-        except DataError as err:  # a reward that raised: said by this process, after telling the others
+                scores = score_calls(self.reward_functions, prompt_values, completions, columns, layout.owned,
+                                     timeout=o.reward_timeout, stop_requested=pending_signal)
+                per_func, timed_out = scores.values, scores.timed_out
+        except (DataError, StopRequested) as err:  # said by this process, after telling the others
             failure = err
-        failed = failed_processes(failure is not None)
-        if failure is not None:
-            raise failure
-        if failed:
-            raise DataError(f"a reward function raised in process {failed[0]} (its log names it and the row); "
-                            f"process {jax.process_index()} stops too")
+        raise_agreed(failure)  # a reward that raised, or a signal while waiting for one, stops every process
         diffs = (np.zeros((len(own), 3)) if self._check_in_update else
                  logprob_diff_rows(h["policy"][own], h["sampler"][own], h["completion_mask"][own]))
         every = layout.gather(np.concatenate([per_func.astype(np.float64), lengths[:, None].astype(np.float64),
-                                              h["truncated"][own, None].astype(np.float64), diffs], axis=1))
+                                              h["truncated"][own, None].astype(np.float64), diffs,
+                                              timed_out.astype(np.float64)], axis=1))
         k = len(names)
         per_func, lengths, truncated = every[:, :k].astype(np.float32), every[:, k], every[:, k + 1] != 0
+        timeouts = {f"rewards/{n}/timeouts": float(every[:, k + 5 + j].sum()) for j, n in enumerate(names)}
         adv = group_advantages(per_func, self.reward_weights, g, o.scale_rewards, names)
         t3 = time.perf_counter()
         mask = np.asarray(h["completion_mask"], np.float32)
@@ -369,7 +370,7 @@ class GRPOTrainer(Trainer):
         counted, flops, tokens = self._flops.rollout(np.repeat([len(r.prompt_ids) for r in rows], g), lengths,
                                                      t1 - t0, scored=not self._check_in_update, reference=o.beta != 0)
         metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
-                   **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:])),
+                   **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:k + 5])), **timeouts,
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9), **counted}
         if o.log_completions and logs_completions(step, o.num_iterations, o.log_completions_steps,

@@ -25,6 +25,9 @@ logger = logging.getLogger("scaletrain")
 # install signal handlers, so the relay calls forward_signal instead. Process-wide, like
 # the signals themselves; cleared when a training starts.
 _forwarded: list[str] = []
+# Signals this process received during the running training (the handler's record, read by
+# pending_signal while a step waits on user code); cleared when a training starts.
+_received: list[str] = []
 
 
 def forward_signal(description: str) -> None:
@@ -36,6 +39,24 @@ def forward_signal(description: str) -> None:
     """
     if description not in _forwarded:
         _forwarded.append(description)
+
+
+def pending_signal() -> str | None:
+    """The signal (or forwarded stop) this process has received during the running training, if any.
+
+    Why: a step that waits on user code (a reward function) checks it while it waits, so a signal
+    stops the run within seconds instead of after a call that may never return (it then raises
+    :class:`StepInterrupted`).
+    """
+    return _received[0] if _received else (_forwarded[0] if _forwarded else None)
+
+
+class StepInterrupted(Exception):
+    """Raised by a step, before it changed the state, when a stop arrived while it waited (for user code).
+
+    The loop stops as for a signal after a step, but at the step before: the final checkpoint holds the
+    state and data position from before this step, so a resumed run takes this step again, whole.
+    """
 
 
 def _preemption_notice(step: int) -> bool:
@@ -66,6 +87,7 @@ class StoppingRules(Callback):
     def pre_train(self, trainer: TrainerView, state: Any) -> None:
         self._signal = None
         _forwarded.clear()
+        _received.clear()
         self._deadline = (
             None if trainer.arguments.time_limit_seconds is None
             else time.monotonic() + trainer.arguments.time_limit_seconds
@@ -79,6 +101,7 @@ class StoppingRules(Callback):
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal = signal.Signals(signum).name
+        _received.append(self._signal)
 
     def post_train(self, trainer: TrainerView, state: Any) -> None:
         for sig, handler in self._previous.items():  # None: the handler was set outside Python (JAX's)

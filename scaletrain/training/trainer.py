@@ -25,6 +25,7 @@ from scaletrain.training.callbacks import StepOutput
 from scaletrain.training.outputs import format_plan, summary_record, write_summary
 from scaletrain.training.protocol import TrainerOutput
 from scaletrain.training.state import TrainState, params_sha256
+from scaletrain.training.stopping import StepInterrupted
 
 __all__ = ["BaseTrainer", "Trainer"]
 
@@ -99,7 +100,7 @@ class Trainer(BaseTrainer):
         The horizon is a stop rule like the others (``TrainingHorizon``).
         """
         epoch = None
-        self._consumed_data_state = None
+        self._consumed_data_state = self.dataloader_train.get_state()  # no step yet: where the iterator stands
         self._last_step_output: tuple[int, StepOutput] | None = None
         with jax.set_mesh(self._mesh):
             ahead = self._fetch_batch() if self.stop_reason is None else None
@@ -118,7 +119,11 @@ class Trainer(BaseTrainer):
                 step = self.global_step + 1
                 self.fire("pre_step", step)
                 state = self.on_step_start(state, step)
-                state, metrics = self.sharded_training_step_function(state, batch)
+                try:
+                    state, metrics = self.sharded_training_step_function(state, batch)
+                except StepInterrupted as stop:  # the state is still the last step's: checkpointed as is
+                    self.request_stop(f"{stop} at step {step}, before its update (a resumed run takes it again)")
+                    break
                 self._consumed_data_state = data_state
                 ahead = self._fetch_batch() if step < self.max_training_steps else None
                 state, metrics = self.on_step_end(state, metrics, step)
