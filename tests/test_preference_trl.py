@@ -255,3 +255,31 @@ def test_orpo_and_simpo_first_step_equals_trl_with_no_extra_option(bos_folder, t
     ours = _run_recipe(folder, tmp_path, objective)
     extra = ["nll_loss", "log_odds_ratio", "log_odds_chosen"] if objective["type"] == "orpo" else ["nll_loss"]
     _compare(ours, theirs, REWARD_FIGURES + extra)
+
+
+def test_eval_of_pairs_with_objective_orpo_prepares_them_as_trl_and_scores_trls_eval_loss(bos_folder, tmp_path):
+    """``scaletrain eval FOLDER --data PAIRS --kind preference --objective orpo``: the pairs are prepared as the
+    ORPO run (and TRL's ORPOTrainer) prepares them, with no option, so the loss is TRL's evaluation loss."""
+    import json
+
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    from scaletrain.eval.command import run_eval
+    from scaletrain.eval.preference_eval import PreferenceOptions
+
+    folder, tokenizer = bos_folder
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n" for p, c, r in EVEN_PAIRS))
+
+    def eval_loss(**keys):
+        return run_eval(folder, data=str(source), kind="preference", data_keys=keys, progress=False,
+                        preference=PreferenceOptions(objective="orpo", beta=0.1))["data"]["eval_loss"]
+
+    trainer = ORPOTrainer(model=torch_model(folder), args=_trl_args(ORPOConfig, tmp_path / "trl", beta=0.1),
+                          eval_dataset=_dataset(EVEN_PAIRS), train_dataset=_dataset(EVEN_PAIRS),
+                          processing_class=tokenizer)
+    theirs = trainer.evaluate()["eval_loss"]
+    ours = eval_loss()
+    assert math.isclose(ours, theirs, rel_tol=1e-4), (ours, theirs)
+    assert ours == eval_loss(preparation="trl_orpo") and not math.isclose(ours, eval_loss(preparation="trl_dpo"),
+                                                                            rel_tol=1e-4)
