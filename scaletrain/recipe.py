@@ -241,6 +241,26 @@ class Recipe(BaseModel):
             raise ValueError("data.kind='prompt' serves prompts to sample completions from; set objective.type: grpo")
         return self
 
+    @model_validator(mode="after")
+    def _prepared_as_trl_by_default(self) -> Recipe:
+        """Unset, ``data.preparation`` and ``training.truncation_mode`` become what TRL's trainer of this objective
+        does (ORPO/CPO/SimPO: its ORPO/CPO preparation; preference kinds: ``keep_start``), so a run's first step
+        equals TRL's with no extra option. Filled in here, so ``recipe.yaml`` records what the run did."""
+        from scaletrain.data.kinds import DATA_KINDS
+        from scaletrain.objectives.registry import get_objective_type
+
+        kind = DATA_KINDS.get(self.data.kind)
+        if kind is None or kind.truncation_mode is None:
+            return self
+        if "truncation_mode" not in self.training.model_fields_set:
+            self.training.truncation_mode = kind.truncation_mode  # type: ignore[assignment]
+        if self.data.preparation is None:
+            try:
+                self.data.preparation = get_objective_type(self.objective.type).preparation  # type: ignore[assignment]
+            except ConfigError:
+                pass  # reported by the objective section
+        return self
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "recipe", overrides: tuple[str, ...] | list[str] = ()
                   ) -> Recipe:

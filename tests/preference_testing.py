@@ -41,15 +41,19 @@ EVEN_PAIRS = [
 ]
 
 
-def word_tokenizer(folder: str) -> Any:
-    """A whitespace word-level tokenizer with ``</s>`` as EOS and ``<pad>`` as padding, saved in ``folder``."""
+def word_tokenizer(folder: str, bos: bool = False) -> Any:
+    """A whitespace word-level tokenizer with ``</s>`` as EOS and ``<pad>`` as padding, saved in ``folder``.
+
+    ``bos``: with a ``<s>`` bos token after the words (the other ids unchanged), which the tokenizer never
+    adds itself, as SmolLM2's: TRL's ORPO/CPO trainers put it before every prompt, its DPOTrainer does not."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate((*SPECIAL, *dict.fromkeys(WORDS)))}
+    vocab = {w: i for i, w in enumerate((*SPECIAL, *dict.fromkeys(WORDS), *(("<s>",) if bos else ())))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                  **({"bos_token": "<s>"} if bos else {}))
     tok.save_pretrained(folder)
     return tok
 

@@ -211,3 +211,20 @@ def test_python_configs_take_trl_names_and_refuse_bad_ones():
         st.ORPOTrainer(model=tiny_llama(seed=0, layers=1), ref_model=tiny_llama(seed=1, layers=1), args=st.ORPOConfig(),
                        train_dataset=_pairs())
     assert json.loads(json.dumps(st.CPOConfig(loss_type="simpo").model_dump()))["loss_type"] == "simpo"
+
+
+@pytest.mark.parametrize("objective,kind,preparation", [
+    ("dpo", "preference", "trl_dpo"), ("orpo", "preference", "trl_orpo"), ("cpo", "preference", "trl_orpo"),
+    ("simpo", "preference", "trl_orpo"), ("kto", "unpaired_preference", "trl_dpo"),
+])
+def test_each_objective_prepares_and_cuts_rows_as_its_trl_trainer_unless_the_recipe_says_otherwise(
+        objective, kind, preparation):
+    recipe = st.Recipe.from_dict({"objective": {"type": objective}, "data": {"kind": kind}})
+    assert (recipe.data.preparation, recipe.training.truncation_mode) == (preparation, "keep_start")
+    assert st.Recipe.from_dict(recipe.to_dict()) == recipe  # recipe.yaml records the values, and reads back the same
+    chosen = {"truncation_mode": "keep_end"}
+    data = {"kind": kind, **({"preparation": "trl_dpo"} if kind == "preference" else {})}
+    recipe = st.Recipe.from_dict({"objective": {"type": objective}, "data": data, "training": chosen})
+    assert (recipe.data.preparation, recipe.training.truncation_mode) == ("trl_dpo", "keep_end")
+    sft = st.Recipe.from_dict({"data": {"kind": "chat"}})  # other kinds keep the training default
+    assert sft.training.truncation_mode == "keep_end" and sft.data.preparation is None

@@ -193,3 +193,93 @@ def test_kto_matches_trl(folders, tmp_path):
                  KTOObjective(beta=0.3, desirable_weight=1.0, undesirable_weight=1.5), reference=reference)
     assert theirs["kl"] > 0  # the KL estimate is not clamped away: the comparison covers it
     _compare(ours, theirs, [f for f in REWARD_FIGURES if f != "rewards/accuracies"] + ["kl", "entropy"])
+
+
+# ---- the whole run, from TRL-format rows, with no preparation option (issue 45, item 14) ---------------------------
+@pytest.fixture(scope="module")
+def bos_folder(folders, tmp_path_factory):
+    """The policy with a tokenizer that has a bos token (never added by the tokenizer itself, as SmolLM2's): TRL's
+    ORPO/CPO trainers put it before every prompt, its DPOTrainer does not, so the two preparations differ."""
+    import shutil
+
+    from preference_testing import word_tokenizer
+
+    folder = str(tmp_path_factory.mktemp("bos") / "policy")
+    shutil.copytree(folders["policy"], folder)
+    return folder, word_tokenizer(folder, bos=True)
+
+
+def _run_recipe(folder, tmp_path, objective):
+    """Our first logged step of a recipe that names only the objective and the data kind."""
+    import json
+
+    import yaml
+
+    from scaletrain.recipe import Recipe
+    from scaletrain.run import run_training
+
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n" for p, c, r in EVEN_PAIRS))
+    out = tmp_path / "run"
+    recipe = Recipe.from_dict({
+        "model": {"pretrained": folder},
+        "data": {"source": str(source), "kind": "preference", "eval_fraction": 0.0},
+        "objective": objective,
+        "training": {"output_dir": str(out), "total_batch_size": 8, "max_length": 7, "learning_rate": 0.0,
+                     "warmup_steps": 0, "max_training_steps": 1, "log_steps": 1, "do_eval": False,
+                     "save_at_end": False, "progress_bar": False, "shuffle_train_dataset": False},
+    })
+    run_training(recipe)
+    recorded = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert recorded["data"]["preparation"] == "trl_orpo"  # what the run did, recorded
+    return first_train_record(str(out))
+
+
+@pytest.mark.parametrize("objective,trl", [
+    ({"type": "orpo", "beta": 0.2}, {"beta": 0.2}),
+    ({"type": "simpo", "beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 0.5},
+     {"loss_type": "simpo", "beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 0.5}),
+], ids=["orpo", "simpo"])
+def test_orpo_and_simpo_first_step_equals_trl_with_no_extra_option(bos_folder, tmp_path, objective, trl):
+    """``objective.type: orpo`` / ``simpo`` and TRL-format rows, nothing else: the first step's figures are TRL's
+    ORPOTrainer's / CPOTrainer's (rows prepared as they prepare them, bos before the prompt)."""
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    folder, tokenizer = bos_folder
+    config, trainer_class = (ORPOConfig, ORPOTrainer) if objective["type"] == "orpo" else (CPOConfig, CPOTrainer)
+    trainer = trainer_class(model=torch_model(folder), args=_trl_args(config, tmp_path / "trl", **trl),
+                            train_dataset=_dataset(EVEN_PAIRS), processing_class=tokenizer)
+    assert all(r["chosen_input_ids"][0] == tokenizer.bos_token_id for r in trainer.train_dataset)  # the difference
+    theirs = _trl_first_log(trainer)
+    ours = _run_recipe(folder, tmp_path, objective)
+    extra = ["nll_loss", "log_odds_ratio", "log_odds_chosen"] if objective["type"] == "orpo" else ["nll_loss"]
+    _compare(ours, theirs, REWARD_FIGURES + extra)
+
+
+def test_eval_of_pairs_with_objective_orpo_prepares_them_as_trl_and_scores_trls_eval_loss(bos_folder, tmp_path):
+    """``scaletrain eval FOLDER --data PAIRS --kind preference --objective orpo``: the pairs are prepared as the
+    ORPO run (and TRL's ORPOTrainer) prepares them, with no option, so the loss is TRL's evaluation loss."""
+    import json
+
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    from scaletrain.eval.command import run_eval
+    from scaletrain.eval.preference_eval import PreferenceOptions
+
+    folder, tokenizer = bos_folder
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n" for p, c, r in EVEN_PAIRS))
+
+    def eval_loss(**keys):
+        return run_eval(folder, data=str(source), kind="preference", data_keys=keys, progress=False,
+                        preference=PreferenceOptions(objective="orpo", beta=0.1))["data"]["eval_loss"]
+
+    trainer = ORPOTrainer(model=torch_model(folder), args=_trl_args(ORPOConfig, tmp_path / "trl", beta=0.1),
+                          eval_dataset=_dataset(EVEN_PAIRS), train_dataset=_dataset(EVEN_PAIRS),
+                          processing_class=tokenizer)
+    theirs = trainer.evaluate()["eval_loss"]
+    ours = eval_loss()
+    assert math.isclose(ours, theirs, rel_tol=1e-4), (ours, theirs)
+    assert ours == eval_loss(preparation="trl_orpo") and not math.isclose(ours, eval_loss(preparation="trl_dpo"),
+                                                                            rel_tol=1e-4)

@@ -50,8 +50,9 @@ class DataSection(BaseModel):
     completion_column: str = "completion"  # unpaired_preference (KTO)
     label_column: str = "label"  # unpaired_preference: true (desirable) / false
     max_prompt_length: int | None = None  # tokens of the prompt kept (training.truncation_mode's side); None: all
-    # whose row preparation: TRL's DPOTrainer/KTOTrainer (trl_dpo) or its ORPOTrainer/CPOTrainer (trl_orpo)
-    preparation: Literal["trl_dpo", "trl_orpo"] = "trl_dpo"
+    # whose row preparation: TRL's DPOTrainer/KTOTrainer (trl_dpo) or its ORPOTrainer/CPOTrainer (trl_orpo);
+    # None: the objective's own TRL trainer's (the recipe fills it in: trl_orpo for orpo, cpo and simpo)
+    preparation: Literal["trl_dpo", "trl_orpo"] | None = None
     # bad rows and speed
     skip_bad_rows: bool = False
     num_workers: int = Field(0, ge=0)  # tokenizer worker processes (0: in the main process)

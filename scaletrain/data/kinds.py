@@ -43,6 +43,9 @@ class DataKind:
     column: Callable[[DataSection], str]
     build: Callable[..., LMSplits]
     text_files: bool = True
+    #: the ``training.truncation_mode`` a recipe that leaves it unset gets for this kind (None: the training
+    #: default, ``keep_end``): the preference kinds keep the start, as TRL 1.16's trainers do
+    truncation_mode: str | None = None
 
 
 DATA_KINDS: dict[str, DataKind] = {}
@@ -127,13 +130,13 @@ def _set_chat_template(data: DataSection, tokenizer: Any) -> None:
 def _build_preference(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,
                       truncation_mode: str) -> LMSplits:
     """Pairs (prompt / chosen / rejected) as TRL's DPOTrainer prepares them (or its ORPO/CPO trainers, with
-    ``data.preparation: trl_orpo``), one pair per row."""
+    ``data.preparation: trl_orpo``, which a recipe of those objectives gets by default), one pair per row."""
     from scaletrain.data.preference import build_preference
     from scaletrain.data.preference_legacy import OrpoPairEncoder
 
     _set_chat_template(data, tokenizer)
     encoder = None
-    if data.preparation == "trl_orpo":
+    if data.preparation == "trl_orpo":  # None (no objective said): DPOTrainer's
         encoder = OrpoPairEncoder(tokenizer, max_length, "keep_start", data.max_prompt_length)
     return build_preference(data, rows, tokenizer, bad, max_length=max_length, seed=seed,
                             truncation_mode=truncation_mode, paired=True, encoder=encoder)
@@ -144,7 +147,7 @@ def _build_unpaired(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows,
     """KTO rows (prompt / completion / label) as TRL's KTOTrainer prepares them, with their KL rows."""
     from scaletrain.data.preference import build_preference
 
-    if data.preparation != "trl_dpo":
+    if data.preparation not in (None, "trl_dpo"):
         raise ConfigError(f"data.preparation: {data.preparation} is for kind: preference; KTO rows are prepared as "
                           "TRL's KTOTrainer does (data.preparation: trl_dpo)")
 
@@ -156,9 +159,9 @@ def _build_unpaired(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows,
 register_data_kind(DataKind("pretrain", column=lambda d: d.text_column, build=_build_pretrain))
 register_data_kind(DataKind("chat", column=lambda d: d.messages_column, build=_build_chat, text_files=False))
 register_data_kind(DataKind("preference", column=lambda d: d.chosen_column, build=_build_preference,
-                            text_files=False))
+                            text_files=False, truncation_mode="keep_start"))
 register_data_kind(DataKind("unpaired_preference", column=lambda d: d.completion_column, build=_build_unpaired,
-                            text_files=False))
+                            text_files=False, truncation_mode="keep_start"))
 
 
 def _build_prompt(data: DataSection, rows: Rows, tokenizer: Any, bad: BadRows, *, max_length: int, seed: int,

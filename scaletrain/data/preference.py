@@ -13,8 +13,9 @@ log-probabilities (and every reward) differ before any formula does. TRL 1.16's
    token lists diverge (for pairs, the earlier divergence of chosen and rejected), so a
    token merged across the boundary belongs to the completion;
 3. ``prompt + completion`` is cut to ``max_length`` (``keep_start``: its start, TRL's
-   default; ``keep_end``: its end), and a row whose prompt alone fills ``max_length``
-   under ``keep_start`` is dropped (we name it as a bad row instead);
+   default and a recipe's for these kinds; ``keep_end``: its end), and a row whose prompt
+   alone fills ``max_length`` under ``keep_start`` is dropped (we name it as a bad row
+   instead); the rows cut are counted in one WARNING line saying what they lose;
 4. the loss covers the completion tokens only.
 
 ``data.max_prompt_length`` (TRL 1.16's DPO has none; earlier TRL's name) first cuts the
@@ -217,6 +218,13 @@ class PreferenceEncoder:
                                                                                            None)
         return ids[sl], mask[sl], True
 
+    def what_a_cut_loses(self) -> str:
+        """What a sequence cut to ``max_length`` loses, for the warning that counts them."""
+        if self.truncation_mode == "keep_end":
+            return ("keep_end: each lost its start, the prompt's first tokens, so it trains on a completion to a "
+                    "prompt it does not see whole")
+        return "keep_start: the end of a completion is not trained on"
+
 
 class _Sequences:
     """``[N, L]`` ids, segment ids and loss mask of one sequence per row, right-padded."""
@@ -245,10 +253,15 @@ def pair_rows(encoded: Sequence[Encoded], encoder: PreferenceEncoder, pad_id: in
     """The served rows of encoded pairs: ``chosen_*`` and ``rejected_*`` (:data:`PAIR_KEYS`)."""
     n, length = len(encoded), encoder.max_length
     chosen, rejected = _Sequences(n, length, pad_id), _Sequences(n, length, pad_id)
+    cut: list[str] = []
     for r, e in enumerate(encoded):
-        chosen.put(r, encoder.fit(e.prompt_of(0), e.completions[0]))
-        rejected.put(r, encoder.fit(e.prompt_of(1), e.completions[1]))
-    stats = {"rows": n, "truncated": chosen.truncated + rejected.truncated, "tokens": chosen.tokens + rejected.tokens}
+        fitted = encoder.fit(e.prompt_of(0), e.completions[0]), encoder.fit(e.prompt_of(1), e.completions[1])
+        chosen.put(r, fitted[0])
+        rejected.put(r, fitted[1])
+        if fitted[0][2] or fitted[1][2]:
+            cut.append(f"{e.origin}: row {e.row}")
+    stats = {"rows": n, "truncated": chosen.truncated + rejected.truncated, "tokens": chosen.tokens + rejected.tokens,
+             **_cut_stats(cut)}
     return FixedRows({**chosen.columns("chosen_"), **rejected.columns("rejected_")},
                      pad_values={"chosen_input_ids": pad_id, "rejected_input_ids": pad_id}, stats=stats)
 
@@ -257,13 +270,37 @@ def unpaired_rows(encoded: Sequence[Encoded], encoder: PreferenceEncoder, pad_id
     """The served rows of encoded KTO rows (:data:`UNPAIRED_KEYS`); row i's KL completion is row i-1's."""
     n, length = len(encoded), encoder.max_length
     main, kl = _Sequences(n, length, pad_id), _Sequences(n, length, pad_id)
+    cut: list[str] = []
     for r, e in enumerate(encoded):
-        main.put(r, encoder.fit(e.prompt, e.completions[0]))
+        fitted = encoder.fit(e.prompt, e.completions[0])
+        main.put(r, fitted)
         kl.put(r, encoder.fit(e.prompt, encoded[r - 1].completions[0]))  # r = 0 takes the last row's
+        if fitted[2]:
+            cut.append(f"{e.origin}: row {e.row}")
     labels = np.asarray([bool(e.label) for e in encoded], np.int32).reshape(n)
-    stats = {"rows": n, "desirable": int(labels.sum()), "truncated": main.truncated, "tokens": main.tokens}
+    stats = {"rows": n, "desirable": int(labels.sum()), "truncated": main.truncated, "tokens": main.tokens,
+             **_cut_stats(cut)}
     return FixedRows({**main.columns(""), "label": labels, **kl.columns("kl_")},
                      pad_values={"input_ids": pad_id, "kl_input_ids": pad_id}, stats=stats)
+
+
+def _cut_stats(cut: list[str]) -> dict[str, Any]:
+    """``rows_cut`` (rows with a sequence cut to ``max_length``) and the first such row, for the warning."""
+    return {"rows_cut": len(cut), **({"first_row_cut": cut[0]} if cut else {})}
+
+
+def _warn_of_cut_rows(stats: dict[str, Any], encoder: PreferenceEncoder, what: str) -> None:
+    """One WARNING line counting the rows cut to ``max_length`` and saying what they lose (silent if none).
+
+    Why a warning and not an INFO line: a cut row trains on something else than the row (under ``keep_end``
+    a completion to a prompt without its start), and a user who checks figures against TRL's must know."""
+    cut = stats.get("train_rows_cut", 0) + stats.get("eval_rows_cut", 0)
+    if not cut:
+        return
+    first = stats.get("train_first_row_cut") or stats.get("eval_first_row_cut")
+    total = stats.get("train_rows", 0) + stats.get("eval_rows", 0)
+    logger.warning("training.max_length=%d cut %d of %d preference %s (%s; e.g. %s): raise training.max_length to "
+                   "keep them whole", encoder.max_length, cut, total, what, encoder.what_a_cut_loses(), first)
 
 
 def _encode_all(examples: Iterable[PairExample | UnpairedExample], encoder: PreferenceEncoder, bad: BadRows,
@@ -342,6 +379,7 @@ def build_preference_splits(
     logger.info("encoded %d preference %s in %.2fs: %d train rows, %d eval rows of %d tokens (%d sequences cut)",
                 len(encoded), what, time.perf_counter() - t0, train.num_rows, evals.num_rows, max_length,
                 stats["train_truncated"] + stats["eval_truncated"])
+    _warn_of_cut_rows(stats, encoder, what)
     return LMSplits(train=train, eval=evals, eval_bytes_per_token=float("nan"), stats=stats)  # type: ignore[arg-type]
 
 

@@ -110,6 +110,9 @@ class OrpoPairEncoder(PreferenceEncoder):
                            "or shorten the prompt)", enc.origin, enc.row)
         return enc
 
+    def what_a_cut_loses(self) -> str:
+        return "as TRL's ORPO/CPO trainers: the end of a completion is not trained on"
+
     def fit(self, prompt: list[int], completion: list[int]) -> tuple[list[int], list[int], bool]:
         """The completion's end is cut to make room; the prompt stays whole (after ``max_prompt_length``)."""
         prompt = self.cut_prompt(prompt)

@@ -132,6 +132,8 @@ def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length:
         settings = EvalSettings(batch_size=batch_size or 8, max_length=max_length or min(positions, 2048),
                                 max_batches=max_batches)
     section = DataSection(**recipe["data"]) if own else section
+    if section.kind == "preference" and section.preparation is None:  # pairs prepared for the scoring objective
+        section = section.model_copy(update={"preparation": _pair_preparation(loaded, preference)})
     rows, bytes_per_token = eval_rows(section, loaded.tokenizer, settings)
     head = {"source": section.eval_source or section.source, "kind": section.kind, "rows": len(rows),
             "batch_size": settings.batch_size, "max_length": settings.max_length}
@@ -150,6 +152,22 @@ def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length:
                             frozen_models=scoring.frozen_models)
     head.update(objective=scoring.objective.name, beta=scoring.objective.beta, reference=scoring.reference)
     return {**head, **figures}
+
+
+def _pair_preparation(loaded: Any, preference: Any) -> str | None:
+    """How ``--data`` pairs are prepared: as the run prepared its own (its recorded ``data.preparation``) when its
+    objective scores them, else as a recipe of the scoring objective would (ORPO/SimPO: TRL's ORPO/CPO trainers')."""
+    from scaletrain.objectives.registry import get_objective_type, objective_types
+
+    meta = loaded.meta or {}
+    name = preference.objective if preference is not None else None
+    if loaded.kind == "run" and name is None:
+        recorded = ((meta.get("recipe") or {}).get("data") or {})
+        if recorded.get("kind") == "preference" and recorded.get("preparation"):
+            return recorded["preparation"]
+        name = (meta.get("objective") or {}).get("name")
+    name = name if name in objective_types() else "dpo"
+    return get_objective_type(name).preparation
 
 
 def format_table(report: dict[str, Any]) -> str:

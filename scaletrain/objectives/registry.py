@@ -32,6 +32,9 @@ class ObjectiveType:
     #: the trainer class that runs it, as ``module:Class`` (None: ``Trainer``); a string, since the
     #: trainers live in a layer above this one
     trainer: str | None = None
+    #: how its preference rows are prepared by default (``data.preparation``): as the TRL trainer of the same
+    #: name prepares them, so a run's first step equals TRL's with no extra option (None: not preference rows)
+    preparation: str | None = None
 
 
 _REGISTRY: dict[str, ObjectiveType] = {}
@@ -152,11 +155,14 @@ def _kto(o: KTOOptions) -> Any:
 _REFERENCE = ("reference", "precompute_ref_log_probs")
 _PREFERENCE_TRAINER = "scaletrain.training.preference:PreferenceTrainer"
 register_objective(ObjectiveType("lm", LMOptions, lambda o: None))
-register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE, _PREFERENCE_TRAINER))
-register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference", (), _PREFERENCE_TRAINER))
-register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _PREFERENCE_TRAINER))
-register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _PREFERENCE_TRAINER))
-register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _PREFERENCE_TRAINER))
+# TRL 1.16's DPOTrainer and KTOTrainer tokenize prompt and completion apart (trl_dpo); its ORPOTrainer and
+# CPOTrainer (SimPO is CPO's loss_type) keep the older preparation, bos before the prompt (trl_orpo)
+register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE, _PREFERENCE_TRAINER, "trl_dpo"))
+register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference", (), _PREFERENCE_TRAINER, "trl_orpo"))
+register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _PREFERENCE_TRAINER, "trl_orpo"))
+register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _PREFERENCE_TRAINER, "trl_orpo"))
+register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _PREFERENCE_TRAINER,
+                                 "trl_dpo"))
 
 
 def _register_grpo() -> None:
