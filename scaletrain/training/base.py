@@ -47,8 +47,8 @@ from scaletrain.training.protocol import (
     TrainerConfigureFunctionOutput,
     TrainerConfigureModelOutput,
 )
-from scaletrain.training.lora_state import base_record, check_lora_base, with_lora
-from scaletrain.training.resume import restore_data_position, warn_about_later_checkpoints
+from scaletrain.training.lora_state import base_record, with_lora
+from scaletrain.training.resume import check_same_run, restore_data_position, warn_about_later_checkpoints
 from scaletrain.training.run_lock import RunLock, acquire_run_lock, release_run_lock
 from scaletrain.training.state import TrainState, adopt_state, create_train_state, state_shardings
 from scaletrain.training.steps import make_step_functions, rank_sharding
@@ -347,7 +347,7 @@ class BaseTrainer(BaseTrainerProtocol):
             return state
         source, step = found
         state, data_state, meta = source.restore(step, state)
-        check_lora_base(meta.get("lora"), self.lora_base_record(state), source.path(step))
+        check_same_run(meta, self.checkpoint_metadata(state), source.path(step))  # base, objective, model
         restore_data_position(self.dataloader_train, source.path(step), data_state)  # required: exact resume
         warn_about_later_checkpoints(self.checkpoint_manager.directory, self.checkpoint_manager.all_steps(), step)
         rows = len(self._train_source)

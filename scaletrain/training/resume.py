@@ -1,4 +1,4 @@
-"""Checks a resume makes after the train state is back: the data position, and what lies ahead.
+"""Checks a resume makes after the train state is back: the same run, the data position, and what lies ahead.
 
 The train state alone does not make a resume exact: the data iterator must continue
 at the batch after the last one the state consumed. A checkpoint without that
@@ -11,8 +11,19 @@ import logging
 from typing import Any
 
 from scaletrain.errors import CheckpointError
+from scaletrain.training.lora_state import check_lora_base
+from scaletrain.training.run_identity import check_run_identity
 
 logger = logging.getLogger("scaletrain")
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
+    """CheckpointError unless checkpoint ``where`` (its metadata ``saved``) belongs to the run this trainer would
+    save as ``current``: the same LoRA base, and the same objective, rewards, data kind and model
+    (:mod:`scaletrain.training.run_identity`). Raised before anything is written, so a refused resume leaves
+    the run's files as they were."""
+    check_lora_base(saved.get("lora"), current.get("lora"), where)
+    check_run_identity(saved, current, where)
 
 
 def restore_data_position(iterator: Any, where: str, data_state: dict[str, Any]) -> None:
