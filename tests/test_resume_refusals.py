@@ -103,3 +103,19 @@ def test_only_what_defines_the_run_is_compared():
     assert identity_changes(run_identity(saved), run_identity(current)) == [("model.rope_theta", 1e4, 5e5)]
     assert run_identity({})["objective.type"] == "lm"  # a language-model run records no objective
 
+
+def test_a_truncated_reference_logps_file_on_resume_is_one_line_naming_it_and_the_run_is_left_as_it_was(tmp_path):
+    word_tokenizer(str(tmp_path / "tok"))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    out = tmp_path / "run"
+    path = _recipe_file(tmp_path, dpo_recipe(str(tmp_path), str(out)))
+    run_training(Recipe.load(path, ["objective.precompute_ref_log_probs=true"]))
+    stored = out / "reference_logps" / "train.npz"
+    stored.write_bytes(stored.read_bytes()[: stored.stat().st_size // 2])  # a write cut short
+    before = tree_hash(out)
+    res = _cli("train", path, "objective.precompute_ref_log_probs=true", "training.max_training_steps=4")
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "BadZipFile" in res.stderr
+    named = [line for line in res.stderr.splitlines() if str(stored) in line]
+    assert len(named) == 1 and "delete that file" in named[0], res.stderr[-3000:]
+    assert tree_hash(out) == before
