@@ -69,6 +69,24 @@ def test_a_changed_dpo_option_on_resume_is_refused_and_the_run_files_are_byte_fo
     assert summary["resumed_from"].endswith("checkpoints/2") and summary["final_step"] == 4
 
 
+def test_a_change_the_user_allows_on_resume_is_recorded_in_the_checkpoints_and_recipe_yaml(tmp_path):
+    word_tokenizer(str(tmp_path / "tok"))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    out = tmp_path / "run"
+    path = _recipe_file(tmp_path, dpo_recipe(str(tmp_path), str(out)))
+    run_training(Recipe.load(path))
+    summary = run_training(Recipe.load(path, ["objective.beta=0.1", "training.max_training_steps=4",
+                                              "training.resume_allow_changes=[objective.beta]"]))
+    assert summary["final_step"] == 4
+    change = {"after_step": 2, "key": "objective.beta", "old": 0.5, "new": 0.1}
+    meta = json.loads((out / "checkpoints" / "4" / "meta" / "metadata").read_text())
+    assert meta["changes_on_resume"] == [change] and meta["objective"]["beta"] == 0.1
+    assert (out / "recipe.yaml").read_text().startswith("# changed on resume after step 2: objective.beta 0.5 -> 0.1\n")
+    summary = run_training(Recipe.load(path, ["objective.beta=0.1", "training.max_training_steps=6"]))
+    meta = json.loads((out / "checkpoints" / "6" / "meta" / "metadata").read_text())
+    assert summary["final_step"] == 6 and meta["changes_on_resume"] == [change]  # carried on by later resumes
+
+
 def test_another_reward_funcs_list_on_a_grpo_resume_is_refused_and_the_run_files_are_unchanged(tmp_path):
     word_tokenizer(str(tmp_path / "tok"))
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))

@@ -65,17 +65,33 @@ def identity_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> li
     return [(k, saved[k], current[k]) for k in sorted(set(saved) & set(current)) if saved[k] != current[k]]
 
 
-def check_run_identity(saved_meta: Mapping[str, Any], current_meta: Mapping[str, Any], checkpoint: str) -> None:
-    """CheckpointError naming each changed key (old -> new) unless this run is the checkpoint's run, unchanged."""
+def check_run_identity(saved_meta: Mapping[str, Any], current_meta: Mapping[str, Any], checkpoint: str,
+                       allowed: tuple[str, ...] | list[str] = ()) -> list[tuple[str, Any, Any]]:
+    """The changes ``allowed`` lets through, ``(key, old, new)``; CheckpointError naming each other changed key.
+
+    ``allowed``: ``training.resume_allow_changes``, the keys the user explicitly lets a resume change
+    (a key names itself and any key under it: ``objective.reward_funcs`` covers its entries too).
+    """
     changes = identity_changes(run_identity(saved_meta), run_identity(current_meta))
-    if not changes:
-        return
-    listed = ", ".join(f"{key} {_shown(old)} -> {_shown(new)}" for key, old, new in changes)
-    raise CheckpointError(
-        f"checkpoint {checkpoint} was trained with another objective, rewards, data kind or model: {listed}; "
-        "a resume continues the same run, so set these back to the checkpoint's values, or train the new "
-        "settings into another training.output_dir (starting from an export of this run if you want its weights)"
-    )
+    refused = [c for c in changes if not any(c[0] == a or c[0].startswith(f"{a} ") for a in allowed)]
+    if refused:
+        listed = ", ".join(f"{key} {_shown(old)} -> {_shown(new)}" for key, old, new in refused)
+        raise CheckpointError(
+            f"checkpoint {checkpoint} was trained with another objective, rewards, data kind or model: {listed}; "
+            "a resume continues the same run, so set these back to the checkpoint's values, train the new "
+            "settings into another training.output_dir (from an export of this run for its weights), or "
+            "list the keys in training.resume_allow_changes to change them from this step on (recorded in "
+            "the checkpoints' changes_on_resume)"
+        )
+    return changes
+
+
+def record_changes(saved_meta: Mapping[str, Any], changes: list[tuple[str, Any, Any]], step: int
+                   ) -> list[dict[str, Any]]:
+    """The run's ``changes_on_resume`` record: the checkpoint's, plus this resume's ``changes`` at ``step``
+    (the first step trained with the new values is ``step + 1``)."""
+    earlier = list(saved_meta.get("changes_on_resume") or [])
+    return earlier + [{"after_step": step, "key": key, "old": old, "new": new} for key, old, new in changes]
 
 
 def _shown(value: Any) -> str:
@@ -83,4 +99,4 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-__all__ = ["check_run_identity", "identity_changes", "run_identity"]
+__all__ = ["check_run_identity", "identity_changes", "record_changes", "run_identity"]
