@@ -35,7 +35,8 @@ def test_each_of_several_bad_objective_overrides_names_its_own_override():
 
 def test_a_bad_objective_key_in_the_file_is_not_blamed_on_an_override(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(open(GRPO).read().replace("  num_generations:", "  generation_batch_size: 16\n  num_generations:"))
+    text = open(GRPO).read()
+    recipe.write_text(text.replace("  num_generations:", "  generation_batch_size: 16\n  num_generations:"))
     with pytest.raises(ConfigError) as err:
         Recipe.load(str(recipe), ["objective.max_completion_length=8"])
     lines = str(err.value).splitlines()
