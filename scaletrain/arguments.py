@@ -93,6 +93,8 @@ class TrainingArguments(ConfigModel):
     save_at_end: bool = True
     resume_if_possible: bool = False
     resume_from: str | None = None
+    # keys a resume may change (objective.beta, objective.reward_funcs, ...); each change is recorded in checkpoints
+    resume_allow_changes: tuple[str, ...] = ()
     # stopping rules (besides the horizon of max_training_steps / epochs)
     exit_iteration: int | None = None
     exit_iteration_this_run: int | None = None

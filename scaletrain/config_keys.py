@@ -85,8 +85,27 @@ def problem_lines(err: ValidationError, where: str, model: type[BaseModel] | Non
         got = e.get("input")
         quiet = e["type"] in ("extra_forbidden", "missing", KEY_ERROR) or isinstance(got, dict)
         shown = "" if quiet else f" (got {got!r})"
-        # a nested validator already named the full key path: don't repeat it
-        out.append((path, f"{msg}{shown}" if msg.startswith(f"{key}.") else f"{key}: {msg}{shown}"))
+        if msg.startswith(f"{key}."):  # a nested validator already named the full key path: don't repeat it
+            out.extend(_named_lines(f"{msg}{shown}", path, where))
+        else:
+            out.append((path, f"{key}: {msg}{shown}"))
+    return out
+
+
+def _named_lines(msg: str, path: str, where: str) -> list[tuple[str, str]]:
+    """``(dotted key path, line)`` per line of a nested validator's message, each located at the key it names.
+
+    Why: the objective section validates its options itself and reports every bad option in one
+    message located at ``objective``; a command-line override must be matched against the key a
+    line names (``objective.generation_batch_size``), not the section, or another override of the
+    section gets the blame.
+    """
+    out = []
+    for line in msg.splitlines():
+        named = line.split(":", 1)[0] if ":" in line else ""
+        rel = named.removeprefix(f"{where}.") if where else named
+        inside = " " not in named and (rel == path or rel.startswith(f"{path}.") or not path)
+        out.append((rel if inside else path, line))
     return out
 
 

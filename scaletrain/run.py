@@ -294,11 +294,19 @@ def _run_files_writer(recipe: Recipe, out: str, data_stats: dict[str, Any]) -> A
 
         def pre_train(self, trainer: Any, state: Any) -> None:
             if trainer.is_main_process:
-                write_text_atomic(os.path.join(out, "recipe.yaml"), recipe.to_yaml())
+                write_text_atomic(os.path.join(out, "recipe.yaml"),
+                                  changes_header(trainer.changes_on_resume) + recipe.to_yaml())
                 write_text_atomic(os.path.join(out, "data_stats.json"),
                                   json.dumps(data_stats, indent=2, sort_keys=True, default=float))
 
     return WriteRunFiles()
+
+
+def changes_header(changes: list[dict[str, Any]]) -> str:
+    """YAML comments naming what resumes changed (``training.resume_allow_changes``), for ``recipe.yaml``: the
+    file shows the values the run trains with now, and must not pass them off as those of its first steps."""
+    return "".join(f"# changed on resume after step {c['after_step']}: {c['key']} {json.dumps(c['old'])} -> "
+                   f"{json.dumps(c['new'])}\n" for c in changes)
 
 
 def write_text_atomic(path: str, text: str) -> None:

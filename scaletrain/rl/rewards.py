@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import json
 import logging
 import math
 import os
@@ -150,6 +151,15 @@ def _resolve(path: str, field: str, folders: Sequence[str] = ()) -> RewardFn:
     if not callable(fn):
         raise ConfigError(f"{field}={path!r} is not callable")
     return fn
+
+
+def recorded_spec(spec: Any) -> Any:
+    """A ``reward_funcs`` entry as checkpoints record it (a resume compares them): a name or
+    ``{function, **options}`` as written, a callable as ``module:qualname``. Why not the loaded name alone:
+    ``{function: format_regex, pattern: ...}`` with another pattern is another reward under the same name."""
+    if isinstance(spec, (str, Mapping)):
+        return json.loads(json.dumps(spec, default=str))
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
 
 
 def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str] = ()) -> RewardFunction:

@@ -48,7 +48,7 @@ from scaletrain.rl.advantages import group_advantages
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout, raise_agreed
-from scaletrain.rl.rewards import load_rewards, score_calls
+from scaletrain.rl.rewards import load_rewards, recorded_spec, score_calls
 from scaletrain.rl.scoring import (
     completion_metrics,
     completion_records,
@@ -151,8 +151,9 @@ class GRPOTrainer(Trainer):
         if tokenizer is None:
             raise ConfigError("GRPOTrainer needs a tokenizer: completions are decoded for the reward functions")
         self.prompts_per_step = check_batch_size(arguments.total_batch_size, o.num_generations)
-        self.reward_functions, self.reward_weights = load_rewards(
-            reward_funcs if reward_funcs is not None else o.reward_funcs, o.reward_weights)
+        specs = reward_funcs if reward_funcs is not None else o.reward_funcs
+        self.reward_functions, self.reward_weights = load_rewards(specs, o.reward_weights)
+        self.reward_specs = [recorded_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
         if isinstance(dataset_train, list) and dataset_train and isinstance(dataset_train[0], PromptRow):
             rows = [r if o.max_prompt_length is None else dataclasses.replace(
                 r, prompt_ids=r.prompt_ids[-o.max_prompt_length:]) for r in dataset_train]
@@ -398,7 +399,8 @@ class GRPOTrainer(Trainer):
     def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
         meta = super().checkpoint_metadata(state)
         meta["objective"] = {"name": "grpo", **self.options.model_dump(exclude={"reward_funcs"}),
-                             "reward_funcs": [f.name for f in self.reward_functions]}
+                             "reward_funcs": [f.name for f in self.reward_functions],
+                             "reward_specs": self.reward_specs}
         meta["reference"] = self.reference_record
         return meta
 

@@ -47,8 +47,8 @@ from scaletrain.training.protocol import (
     TrainerConfigureFunctionOutput,
     TrainerConfigureModelOutput,
 )
-from scaletrain.training.lora_state import base_record, check_lora_base, with_lora
-from scaletrain.training.resume import restore_data_position, warn_about_later_checkpoints
+from scaletrain.training.lora_state import base_record, with_lora
+from scaletrain.training.resume import check_same_run, restore_data_position, warn_about_later_checkpoints
 from scaletrain.training.run_lock import RunLock, acquire_run_lock, release_run_lock
 from scaletrain.training.state import TrainState, adopt_state, create_train_state, state_shardings
 from scaletrain.training.steps import make_step_functions, rank_sharding
@@ -102,6 +102,7 @@ class BaseTrainer(BaseTrainerProtocol):
         self.failed: BaseException | None = None
         self.last_checkpoint: str | None = None
         self.resumed_from: str | None = None
+        self.changes_on_resume: list[dict[str, Any]] = []  # what resumes changed (training.resume_allow_changes)
         self.last_eval: tuple[int, dict[str, float]] | None = None
         self.global_step = 0
         self.start_step = 0
@@ -315,6 +316,7 @@ class BaseTrainer(BaseTrainerProtocol):
             "train_rows": len(self._train_source),
             "mesh": dict(self._mesh.shape),
             "lora": self.lora_base_record(state),
+            "changes_on_resume": self.changes_on_resume,
         }
 
     def lora_base_record(self, state: TrainState) -> dict[str, Any] | None:
@@ -347,13 +349,10 @@ class BaseTrainer(BaseTrainerProtocol):
             return state
         source, step = found
         state, data_state, meta = source.restore(step, state)
-        check_lora_base(meta.get("lora"), self.lora_base_record(state), source.path(step))
+        self.changes_on_resume = check_same_run(meta, self.checkpoint_metadata(state), source.path(step), step,
+                                                args.resume_allow_changes)  # base, objective, model; rows
         restore_data_position(self.dataloader_train, source.path(step), data_state)  # required: exact resume
         warn_about_later_checkpoints(self.checkpoint_manager.directory, self.checkpoint_manager.all_steps(), step)
-        rows = len(self._train_source)
-        if meta.get("train_rows") not in (None, rows):
-            logger.warning("resuming with a different training set (%s rows, checkpoint had %s): the data "
-                           "order will not match the original run", rows, meta.get("train_rows"))
         self.resumed_from = source.path(step)
         logger.info("resumed from %s (step %d)", self.resumed_from, step)
         return state

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ import jax
 import numpy as np
 
 from scaletrain.data.table import FixedRows
-from scaletrain.errors import DataError
+from scaletrain.errors import CheckpointError, DataError
 
 logger = logging.getLogger("scaletrain")
 FOLDER = "reference_logps"
@@ -58,11 +59,17 @@ def load_stored(path: str, rows: int, digest: str, names: tuple[str, ...]) -> di
     """The stored values when ``path`` holds them for these rows and this reference, else None."""
     if not os.path.isfile(path):
         return None
-    with np.load(path) as f:
-        if int(f["rows"]) != rows or str(f["reference_sha256"]) != digest or not all(n in f for n in names):
-            logger.warning("%s was computed for other rows or another reference; computing it again", path)
-            return None
-        return {n: np.asarray(f[n], np.float32) for n in names}
+    try:
+        with np.load(path) as f:
+            if int(f["rows"]) != rows or str(f["reference_sha256"]) != digest or not all(n in f for n in names):
+                logger.warning("%s was computed for other rows or another reference; computing it again", path)
+                return None
+            return {n: np.asarray(f[n], np.float32) for n in names}
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as err:  # cut short, overwritten, not ours
+        raise CheckpointError(
+            f"{path} cannot be read ({type(err).__name__}: {err}): the reference's stored log-probabilities are "
+            "damaged (a write cut short?); delete that file and start the run again, which computes them again "
+            "from the reference (one pass over the rows)") from None
 
 
 def store(path: str, values: Mapping[str, np.ndarray], rows: int, digest: str) -> None:

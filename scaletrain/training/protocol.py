@@ -180,7 +180,9 @@ class TrainerView(Protocol):
     init), ``mesh``, ``dataset_eval``, ``tokenizer`` (or None), ``stop_reason``
     (None until a stop was requested), ``failed`` (the error that will end the
     run, or None), ``is_main_process``, ``last_train_metrics`` (the newest logged
-    train record, ``{}`` before the first log step).
+    train record, ``{}`` before the first log step), ``changes_on_resume`` (what
+    resumes changed under ``training.resume_allow_changes``: ``after_step``, ``key``,
+    ``old``, ``new``; ``[]`` for a run never changed).
 
     Actions: ask to stop (``request_stop``) or fail the run (``fail``); run an
     evaluation; save a checkpoint or wait for pending saves; write a record to the
@@ -197,6 +199,7 @@ class TrainerView(Protocol):
     stop_reason: str | None
     failed: BaseException | None
     tokenizer: Any
+    changes_on_resume: list[dict[str, Any]]
 
     @property
     def model_state(self) -> Any: ...

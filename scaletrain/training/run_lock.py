@@ -15,6 +15,15 @@ A process may take the lock on the same folder more than once (``run_training`` 
 ``Trainer`` it builds both do); it is released when the last holder lets go. With several
 JAX processes only process 0 takes it: the others write into the folder on its behalf.
 
+A holder that is dying does not refuse a restart: after ``kill -9`` the kernel keeps the
+killed process's files open (the flock with them) until it has torn the process down, which
+takes a moment for a large process (its main thread already a zombie while the others exit), and
+a process it forked keeps an inherited descriptor until it exits too. Supervisors restart at
+once (Slurm requeue, a retry loop, Kubernetes), so a start that finds the folder locked polls
+for the lock: up to :data:`DYING_GRACE_S` while the recorded holder is gone, a zombie, exiting
+or has a SIGKILL pending, up to :data:`LIVE_GRACE_S` while it looks alive; a refusal says how
+long it waited.
+
 A Ray launch holds the lock in its driver, for the whole launch (restarts of the worker
 group included), so a second launch on the folder is refused before it writes anything.
 Its workers are other processes (on this host or others) and would be refused by that
@@ -41,6 +50,13 @@ from scaletrain.errors import ConfigError
 logger = logging.getLogger("scaletrain")
 
 LOCK_FILE = ".scaletrain.lock"
+#: seconds a start waits for the lock of a holder that is gone, a zombie or exiting (its teardown, or what it forked)
+DYING_GRACE_S = 30.0
+#: seconds a start waits for the lock of a holder that looks alive (a supervisor that stopped it just before)
+LIVE_GRACE_S = 3.0
+_POLL_S = 0.05
+_PF_EXITING = 0x4  # the kernel's flag, /proc/<pid>/stat field 9, set once a task has begun to exit
+_SIGKILL_BIT = 1 << 8  # signal 9 in /proc/<pid>/status's pending masks
 
 _held: dict[str, tuple[RunLock, int]] = {}  # real path of output_dir -> (lock, holders in this process)
 _registry = threading.Lock()
@@ -76,6 +92,27 @@ def owner_alive(record: dict[str, Any]) -> bool | None:
         pass  # it exists, under another user
     tick = process_start_tick(pid)
     return record.get("start_tick") is None or tick is None or tick == record["start_tick"]
+
+
+def holder_state(record: dict[str, Any]) -> str:
+    """``"gone"``, ``"dying"`` (a zombie, exiting, or with a SIGKILL pending), ``"alive"``, or ``"unknown"``
+    (another host, or no record yet) for the process a lock record names, read from ``/proc``."""
+    alive = owner_alive(record) if record else None
+    if alive is None:
+        return "unknown"
+    if not alive:
+        return "gone"
+    pid = record["pid"]
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            pending = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except (OSError, IndexError, ValueError):
+        return "gone"  # it went between the checks
+    if fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING or any(p & _SIGKILL_BIT for p in pending):
+        return "dying"
+    return "alive"
 
 
 def describe_owner(record: dict[str, Any]) -> str:
@@ -129,9 +166,7 @@ class RunLock:
 
         flocked = True
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._refuse(_read_record(fd))
+            self._flock_waiting_for_a_dying_holder(fd)
         except OSError as e:  # ENOLCK, EOPNOTSUPP...: the filesystem has no flock; fall back on the record
             flocked = False
             logger.warning("%s: the filesystem does not support file locks (%s); relying on the owner record",
@@ -140,8 +175,10 @@ class RunLock:
         if not record or record.get("released"):
             return
         alive = owner_alive(record)
-        if alive:  # only possible without a working flock: a live owner on this host
+        if alive and (not flocked or holder_state(record) == "alive"):  # a live owner on this host, no flock
             self._refuse(record)
+        elif alive:  # we hold the flock: the owner has closed its files (a zombie, or still exiting)
+            logger.info("%s: taking over the lock of %s, which is exiting", self.path, describe_owner(record))
         elif alive is None and not flocked:
             raise ConfigError(
                 f"training.output_dir {self.output_dir} is locked by {describe_owner(record)} and this "
@@ -155,9 +192,45 @@ class RunLock:
             logger.info("%s: taking over the lock of %s, which is no longer running", self.path,
                         describe_owner(record))
 
-    def _refuse(self, record: dict[str, Any]) -> None:
+    def _flock_waiting_for_a_dying_holder(self, fd: int) -> None:
+        """Take the flock, polling while its holder may still let go (see the module docstring); refuse after
+        the grace its state allows. OSError other than "held" (a filesystem without flock) propagates."""
+        import fcntl
+
+        start, told = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                record = _read_record(fd)
+                state = holder_state(record)
+                waited = time.monotonic() - start
+                grace = DYING_GRACE_S if state in ("dying", "gone") else LIVE_GRACE_S
+                if waited >= grace:
+                    self._refuse(record, waited, state)
+                if not told:
+                    logger.info("%s is held by %s (%s): waiting up to %.0f s for it to let go", self.path,
+                                describe_owner(record), state, grace)
+                    told = True
+                time.sleep(_POLL_S)
+                continue
+            waited = time.monotonic() - start
+            if waited > _POLL_S:
+                logger.info("%s: the lock was let go after waiting %.1f s (its holder was exiting)", self.path, waited)
+            return
+
+    def _refuse(self, record: dict[str, Any], waited: float | None = None, state: str = "alive") -> None:
+        if waited is None:
+            how = ""
+        elif state == "dying":
+            how = f"; it is exiting, but still held the folder's lock after {waited:.1f} s of waiting"
+        elif state == "gone":
+            how = (f"; it has exited, but the folder's lock was still held after {waited:.1f} s of waiting, "
+                   "by a process it started that inherited the lock file")
+        else:
+            how = f"; waited {waited:.1f} s for it to exit"
         raise ConfigError(
-            f"training.output_dir {self.output_dir} is in use by another run ({describe_owner(record)}); "
+            f"training.output_dir {self.output_dir} is in use by another run ({describe_owner(record)}{how}); "
             "wait for it to finish, stop it, or choose another training.output_dir"
         )
 
@@ -344,5 +417,5 @@ def holds_run_lock(output_dir: str) -> bool:
         return os.path.realpath(output_dir) in _held
 
 
-__all__ = ["LOCK_FILE", "RunLock", "acquire_run_lock", "adopt_run_lock", "holds_run_lock", "owner_alive",
-           "release_run_lock"]
+__all__ = ["DYING_GRACE_S", "LIVE_GRACE_S", "LOCK_FILE", "RunLock", "acquire_run_lock", "adopt_run_lock",
+           "holder_state", "holds_run_lock", "owner_alive", "release_run_lock"]
