@@ -84,25 +84,15 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
-def _runs_ray(nodeid):
-    """Tests that start Ray: every ``test_ray*`` file and ``test_ray*`` tests elsewhere (the marked one in
-    test_seed_examples). By node id, because the xdist controller sees only node ids."""
-    path, _, name = nodeid.partition("::")
-    return path.rsplit("/", 1)[-1].startswith("test_ray") or name.startswith("test_ray")
-
-
 def pytest_xdist_make_scheduler(config, log):
     """``make test`` runs ``-n 2 --dist loadfile``: a test file runs on one process, so its module
     fixtures (a reference run, a converted model) are built once, and every test that starts Ray
     runs on the same process, first: Ray's ``address=auto`` finds any cluster on the machine, so
     two must never run at once, and the longest group starts while the other process takes the
     rest. (xdist's ``loadgroup`` markers do not work with pytest 9.2, whose node ids xdist 3.8
-    cannot rename, so the grouping is this scheduler's.)"""
-    from xdist.scheduler import LoadFileScheduling
-
-    class RayFirstFileScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid):
-            return "ray" if _runs_ray(nodeid) else super()._split_scope(nodeid)
+    cannot rename, so the grouping is this scheduler's.) A worker that dies (killed for memory, an abort in
+    XLA) has its files handed to another worker, and the run ends failed: see tests/xdist_scheduling.py."""
+    from xdist_scheduling import RayFirstFileScheduling
 
     return RayFirstFileScheduling(config, log)
 
@@ -110,4 +100,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist the Ray tests come first (see above). Without xdist the order is the files' own."""
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: not _runs_ray(item.nodeid))  # stable: file order kept within each part
+        from xdist_scheduling import runs_ray
+
+        items.sort(key=lambda item: not runs_ray(item.nodeid))  # stable: file order kept within each part

@@ -1,5 +1,6 @@
 """The persistent compilation cache: on by default, never overriding an operator's choice, bad paths named."""
 
+import json
 import os
 import subprocess
 import sys
@@ -56,3 +57,38 @@ def test_default_and_bad_directory(tmp_path):
             enable_compilation_cache(str(blocker / "cache"))
     finally:
         jax.config.update("jax_compilation_cache_dir", saved)
+
+
+COUNTING = """
+import json, sys
+import jax, jax.numpy as jnp
+from scaletrain.compile_cache import enable_compilation_cache
+hits, compiles = [], []
+jax.monitoring.register_event_listener(lambda e, **_: hits.append(e) if e.endswith("/cache_hits") else None)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda e, d, **_: compiles.append(d) if e.endswith("backend_compile_duration") else None)
+enable_compilation_cache(sys.argv[1])
+x = jnp.arange(8.0)                                     # eager ops: programs that compile in milliseconds
+y = jax.jit(lambda v: jnp.cumsum(jnp.sin(v) * 2))(x)
+float((x * y).sum())
+print(json.dumps({"compiles": len(compiles), "hits": len(hits)}))
+"""
+
+
+def _counting_run(cache, **env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    out = subprocess.run([sys.executable, "-c", COUNTING, str(cache)], env=env | env_extra, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_run_loads_every_program_the_first_compiled_fast_ones_included(tmp_path):
+    """JAX caches only compilations of 1 s or more by default; most of a small run's take less. With the cache
+    scaletrain sets, the second run of the same programs loads every one of them; an operator's threshold wins."""
+    first = _counting_run(tmp_path / "ours")
+    assert first["hits"] == 0 and first["compiles"] >= 3
+    second = _counting_run(tmp_path / "ours")
+    assert second["hits"] == second["compiles"] == first["compiles"]
+    theirs = tmp_path / "theirs"
+    _counting_run(theirs, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="60")
+    assert not [p for p in theirs.iterdir() if not p.name.endswith("-atime")]  # nothing took 60 s: nothing written
