@@ -241,3 +241,17 @@ def test_orpo_trainer_takes_a_model_folder_a_list_of_dicts_and_a_peft_lora_confi
     assert np.isfinite(record["loss"]) and np.isfinite(record["log_odds_ratio"])
     with open(tmp_path / "run" / "summary.json") as f:
         assert json.load(f)["objective"] == "orpo"
+
+
+def test_a_python_lora_run_records_its_model_folder_as_base_and_exports_that_folders_tokenizer(folder, tmp_path):
+    import scaletrain as st
+    from scaletrain.export import tokenizer_for
+    from scaletrain.training.trl_inputs import with_peft_config
+
+    args = st.DPOConfig(output_dir=str(tmp_path / "run"), lora={"rank": 4, "init_from": None})
+    given = with_peft_config(args, None, tiny_llama(0), folder, "DPOTrainer")
+    assert given.lora.base_model == folder and args.lora.base_model is None  # as a recipe's model.pretrained
+    # a run from Python has no recipe: its export writes the base folder's tokenizer (chat template and all),
+    # not the bundled one, which does not fit the model
+    meta = {"recipe": None, "arguments": given.model_dump()}
+    assert tokenizer_for(meta).chat_template == TEMPLATE

@@ -67,9 +67,14 @@ def default_arguments(config_class: type[TrainingArguments], model: Any, suffix:
 
 def with_peft_config(args: TrainingArguments, peft_config: Any, model: Any, folder: str | None,
                      who: str) -> TrainingArguments:
-    """``args`` with ``lora`` set from a ``peft.LoraConfig`` (a copy: the caller's config is left as it was)."""
+    """``args`` with ``lora`` set from a ``peft.LoraConfig`` (a copy: the caller's config is left as it was).
+
+    Without one, an ``args.lora`` of a model given as a folder gets that folder as its ``base_model`` (as a
+    recipe's defaults to ``model.pretrained``), so checkpoints record the base and ``init_from`` is checked."""
     if peft_config is None:
-        return args
+        if args.lora is None or args.lora.base_model is not None or folder is None:
+            return args
+        return args.model_copy(update={"lora": args.lora.model_copy(update={"base_model": folder})})
     if args.lora is not None:
         raise ConfigError(f"{who}: give peft_config= or args.lora, not both (the same adapters twice)")
     return args.model_copy(update={"lora": lora_from_peft(peft_config, model, folder)})
