@@ -115,12 +115,15 @@ def _lora_model(module_class: type, config: Any, args: Any, dtype: Any, param_dt
 
 
 def tokenizer_for(meta: dict[str, Any]) -> Any | None:
-    """The tokenizer the run used, when its recipe names one that still exists."""
+    """The tokenizer the run used, when its recipe names one that still exists. A run from Python has no
+    recipe: a LoRA run's base folder (``lora.base_model``, e.g. the ``model=`` folder of ``DPOTrainer``) then
+    holds it, rather than the bundled tokenizer, which would not fit that model."""
     from scaletrain.data import load_processor, resolve_tokenizer_path
 
     recipe = meta.get("recipe") or {}
     path = (recipe.get("tokenizer") or {}).get("path")
-    pretrained = (recipe.get("model") or {}).get("pretrained")
+    lora = (meta.get("arguments") or {}).get("lora") or {}
+    pretrained = (recipe.get("model") or {}).get("pretrained") or lora.get("base_model")
     path = resolve_tokenizer_path(path or pretrained or "bundled")
     return load_processor(path) if os.path.isdir(path) else None
 

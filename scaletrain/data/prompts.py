@@ -56,8 +56,9 @@ def _records(source: Any) -> Iterator[tuple[dict[str, Any], str]]:
             else:
                 raise DataError(f"data.source {path!r}: the prompt kind reads JSONL, Parquet or CSV rows, not {fmt}")
         return
-    if hasattr(source, "column_names") and hasattr(source, "__getitem__"):  # a datasets.Dataset
-        source = (source[i] for i in range(len(source)))
+    if hasattr(source, "column_names") and hasattr(source, "__getitem__"):  # a datasets.Dataset: its rows as dicts
+        dataset = source
+        source = (dataset[i] for i in range(len(dataset)))
     for number, record in enumerate(source, start=1):
         yield record, f"row {number}"
 

@@ -76,6 +76,7 @@ from scaletrain.training.state import FrozenModel, TrainState, state_shardings
 from scaletrain.training.steps import train_step
 from scaletrain.training.stopping import pending_signal
 from scaletrain.training.trainer import Trainer
+from scaletrain.training.trl_inputs import default_arguments, model_from, tokenizer_from, with_peft_config
 from scaletrain.user_calls import StopRequested
 
 logger = logging.getLogger("scaletrain")
@@ -120,9 +121,12 @@ def check_batch_size(total_batch_size: int, num_generations: int) -> int:
 class GRPOTrainer(Trainer):
     """GRPO and its variants over prompts (see the module docstring).
 
-    TRL's argument names (``model``, ``reward_funcs``, ``args``, ``train_dataset``, ``processing_class``) or
-    ours (``arguments``, ``dataset_train``, ``tokenizer``). ``args``: a :class:`GRPOConfig` (its ``grpo``
-    options), or ``TrainingArguments`` with the GRPO options in ``options`` or as keywords.
+    TRL's argument names (``model``, ``reward_funcs``, ``args``, ``train_dataset``, ``processing_class``,
+    ``peft_config``) or ours (``arguments``, ``dataset_train``, ``tokenizer``). ``model``: a module, or a
+    model folder as TRL takes it (its tokenizer read too; ``args`` then defaults to ``<model name>-GRPO``);
+    ``peft_config``: a ``peft.LoraConfig``, mapped onto ``lora`` (``scaletrain.training.trl_inputs``).
+    ``args``: a :class:`GRPOConfig` (its ``grpo`` options), or ``TrainingArguments`` with the GRPO options
+    in ``options`` or as keywords.
     ``train_dataset``: :class:`~scaletrain.data.prompts.PromptRow` s, or prompt rows (a JSONL / Parquet /
     CSV path, dicts, a ``datasets.Dataset``) that the tokenizer turns into them. ``reward_funcs``:
     callables or recipe entries (``scaletrain.rl.rewards``); default ``options.reward_funcs``.
@@ -132,10 +136,15 @@ class GRPOTrainer(Trainer):
                  eval_dataset: Any = None, processing_class: Any = None, *, arguments: Any = None,
                  dataset_train: Any = None, dataset_eval: Any = None, tokenizer: Any = None,
                  options: GRPOOptions | dict[str, Any] | None = None, objective: Any = None,
-                 eval_bytes_per_token: float | None = None, **kwargs: Any):
+                 eval_bytes_per_token: float | None = None, peft_config: Any = None, **kwargs: Any):
         arguments = _one_of(args=args, arguments=arguments)
+        if arguments is None and isinstance(model, (str, os.PathLike)):  # TRL's default: "<model name>-GRPO"
+            arguments = default_arguments(GRPOConfig, model, "GRPO")
         dataset_train = _one_of(train_dataset=train_dataset, dataset_train=dataset_train)
-        tokenizer = _one_of(processing_class=processing_class, tokenizer=tokenizer)
+        model, folder = model_from(model, arguments, "GRPOTrainer")
+        tokenizer = tokenizer_from(_one_of(processing_class=processing_class, tokenizer=tokenizer), folder)
+        if arguments is not None:
+            arguments = with_peft_config(arguments, peft_config, model, folder, "GRPOTrainer")
         if arguments is None or dataset_train is None:
             raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
                               "(prompt rows)")

@@ -5,20 +5,32 @@ Why these classes: a TRL or EasyDeL user should change only the import line. Eac
 ``label_smoothing``, ``simpo_gamma``, ``cpo_alpha``, ``desirable_weight``, ...), so the
 other arguments keep their table of other names (``per_device_train_batch_size`` is answered,
 ``max_steps`` is ``max_training_steps``, ...). Each trainer accepts TRL's argument names
-(``args``, ``ref_model``, ``train_dataset``, ``eval_dataset``, ``processing_class``) and
-EasyDeL's (``arguments``, ``reference_model``) besides ours (``dataset_train``, ``tokenizer``),
-and runs :class:`~scaletrain.training.preference.PreferenceTrainer` with the objective built by
-the registry from the config, so Python and recipes build the same objective.
+(``args``, ``ref_model``, ``train_dataset``, ``eval_dataset``, ``processing_class``,
+``peft_config``) and EasyDeL's (``arguments``, ``reference_model``) besides ours (``dataset_train``,
+``tokenizer``), and what TRL accepts for them (``scaletrain.training.trl_inputs``): ``model`` as a
+model folder (its tokenizer read too; ``args`` then defaults to ``<model name>-DPO``), a
+``peft.LoraConfig``, and datasets of text in TRL's formats (a ``datasets.Dataset``, a list of
+dicts or a file) tokenized by the recipe's data kinds. It runs
+:class:`~scaletrain.training.preference.PreferenceTrainer` with the objective built by the
+registry from the config, so Python and recipes build the same objective.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError
 from scaletrain.objectives.registry import CPOOptions, DPOOptions, KTOOptions, ORPOOptions, build_objective
 from scaletrain.training.preference import PreferenceTrainer
+from scaletrain.training.trl_inputs import (
+    default_arguments,
+    model_from,
+    preference_rows,
+    tokenizer_from,
+    with_peft_config,
+)
 
 
 class DPOConfig(TrainingArguments, DPOOptions):
@@ -43,32 +55,42 @@ class _PreferenceTrainerBase(PreferenceTrainer):
     kind: str
     config_class: type[TrainingArguments]
     reads_reference: bool = True
+    data_kind: str = "preference"  # the recipe's data kind that prepares TRL-format rows for this trainer
+    preparation: str = "trl_dpo"  # whose row preparation: TRL's DPO/KTO trainers', or its ORPO/CPO trainers'
 
     def __init__(self, model: Any = None, ref_model: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, data_collator: Any = None,
-                 **kwargs: Any):
+                 peft_config: Any = None, **kwargs: Any):
+        who = type(self).__name__
         named = {"model": model, "ref_model": ref_model, "args": args, "train_dataset": train_dataset,
                  "eval_dataset": eval_dataset, "processing_class": processing_class, **kwargs}
         pick = _Picker(named)
-        arguments = pick(("args", "arguments"))
+        arguments, model = pick(("args", "arguments")), pick(("model",))
+        if arguments is None and isinstance(model, (str, os.PathLike)):  # TRL's default: "<model name>-DPO"
+            arguments = default_arguments(self.config_class, model, self.kind.upper())
         if arguments is None:
-            raise ConfigError(f"{type(self).__name__} needs args= (a {self.config_class.__name__})")
+            raise ConfigError(f"{who} needs args= (a {self.config_class.__name__})")
         if not isinstance(arguments, self.config_class):
-            raise ConfigError(f"{type(self).__name__}(args=...) takes a {self.config_class.__name__}, got "
+            raise ConfigError(f"{who}(args=...) takes a {self.config_class.__name__}, got "
                               f"{type(arguments).__name__}")
         reference = pick(("ref_model", "reference_model"))
         if reference is not None and not self.reads_reference:
-            raise ConfigError(f"{type(self).__name__} reads no reference model; drop ref_model")
+            raise ConfigError(f"{who} reads no reference model; drop ref_model")
         options = {k: getattr(arguments, k) for k in self.config_class.model_fields
                    if k not in TrainingArguments.model_fields}
+        objective = build_objective(self.kind, options)  # a bad option is refused before any model or data is read
         extra: dict[str, Any] = {}
         if self.reads_reference:
             reference = reference if reference is not None else options.get("reference")
             extra = {"reference": reference, "precompute_ref_log_probs": options.get("precompute_ref_log_probs")}
+        model, folder = model_from(model, arguments, who)
+        tokenizer = tokenizer_from(pick(("processing_class", "tokenizer")), folder)
+        arguments = with_peft_config(arguments, peft_config, model, folder, who)
+        train, evals = preference_rows(pick(("train_dataset", "dataset_train")), pick(("eval_dataset", "dataset_eval")),
+                                       tokenizer, arguments, kind=self.data_kind, preparation=self.preparation, who=who)
         super().__init__(
-            arguments, model=pick(("model",)), objective=build_objective(self.kind, options),
-            dataset_train=pick(("train_dataset", "dataset_train")), dataset_eval=pick(("eval_dataset", "dataset_eval")),
-            tokenizer=pick(("processing_class", "tokenizer")), data_collator=data_collator, **extra, **pick.rest(),
+            arguments, model=model, objective=objective, dataset_train=train, dataset_eval=evals,
+            tokenizer=tokenizer, data_collator=data_collator, **extra, **pick.rest(),
         )
 
 
@@ -102,6 +124,7 @@ class ORPOTrainer(_PreferenceTrainerBase):
     kind = "orpo"
     config_class = ORPOConfig
     reads_reference = False
+    preparation = "trl_orpo"
 
 
 class CPOTrainer(_PreferenceTrainerBase):
@@ -110,6 +133,7 @@ class CPOTrainer(_PreferenceTrainerBase):
     kind = "cpo"
     config_class = CPOConfig
     reads_reference = False
+    preparation = "trl_orpo"
 
 
 class KTOTrainer(_PreferenceTrainerBase):
@@ -117,3 +141,4 @@ class KTOTrainer(_PreferenceTrainerBase):
 
     kind = "kto"
     config_class = KTOConfig
+    data_kind = "unpaired_preference"
