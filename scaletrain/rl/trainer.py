@@ -47,17 +47,16 @@ from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import group_advantages
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
-from scaletrain.rl.process_rows import RowLayout, raise_agreed
-from scaletrain.rl.rewards import load_rewards, recorded_spec, score_calls
+from scaletrain.rl.process_rows import RowLayout
+from scaletrain.rl.rewards import load_rewards, recorded_spec
+from scaletrain.rl.row_scores import score_rows
 from scaletrain.rl.scoring import (
     completion_metrics,
     completion_records,
     decode,
     logprob_diff_figures,
-    logprob_diff_rows,
     logs_completions,
     objective_batch,
-    reward_inputs,
 )
 from scaletrain.parallel.partition import axis_names
 from scaletrain.training.base import batch_sharding
@@ -74,10 +73,8 @@ from scaletrain.training.reference import (
 )
 from scaletrain.training.state import FrozenModel, TrainState, state_shardings
 from scaletrain.training.steps import train_step
-from scaletrain.training.stopping import pending_signal
 from scaletrain.training.trainer import Trainer
 from scaletrain.training.trl_inputs import default_arguments, model_from, tokenizer_from, with_peft_config
-from scaletrain.user_calls import StopRequested
 
 logger = logging.getLogger("scaletrain")
 
@@ -341,28 +338,10 @@ class GRPOTrainer(Trainer):
         device = jax.device_put(device, {k: self._row_sharding(v.ndim) for k, v in device.items()})
         h = {k: layout.read(v) for k, v in device.items()}  # this process's rows only
         t2 = time.perf_counter()
-        own = np.searchsorted(layout.held, layout.owned)
-        comp_ids, lengths = h["completion_ids"][own], h["lengths"][own]
+        scored = score_rows(layout, h, rows, g, self.reward_functions, self.tokenizer, self.conversational,
+                            o.reward_timeout, self._check_in_update)
+        per_func, lengths, truncated, comp_ids = scored.per_func, scored.lengths, scored.truncated, scored.comp_ids
         names = [f.name for f in self.reward_functions]
-        per_func, timed_out, failure = np.zeros((0, len(names)), np.float32), np.zeros((0, len(names)), bool), None
-        try:
-            if len(own):
-                completions = decode(self.tokenizer, comp_ids, lengths, self.conversational)
-                prompt_values, columns = reward_inputs([rows[r // g] for r in layout.owned], 1, comp_ids, lengths)
-                scores = score_calls(self.reward_functions, prompt_values, completions, columns, layout.owned,
-                                     timeout=o.reward_timeout, stop_requested=pending_signal)
-                per_func, timed_out = scores.values, scores.timed_out
-        except (DataError, StopRequested) as err:  # said by this process, after telling the others
-            failure = err
-        raise_agreed(failure)  # a reward that raised, or a signal while waiting for one, stops every process
-        diffs = (np.zeros((len(own), 3)) if self._check_in_update else
-                 logprob_diff_rows(h["policy"][own], h["sampler"][own], h["completion_mask"][own]))
-        every = layout.gather(np.concatenate([per_func.astype(np.float64), lengths[:, None].astype(np.float64),
-                                              h["truncated"][own, None].astype(np.float64), diffs,
-                                              timed_out.astype(np.float64)], axis=1))
-        k = len(names)
-        per_func, lengths, truncated = every[:, :k].astype(np.float32), every[:, k], every[:, k + 1] != 0
-        timeouts = {f"rewards/{n}/timeouts": float(every[:, k + 5 + j].sum()) for j, n in enumerate(names)}
         adv = group_advantages(per_func, self.reward_weights, g, o.scale_rewards, names)
         t3 = time.perf_counter()
         mask = np.asarray(h["completion_mask"], np.float32)
@@ -380,7 +359,7 @@ class GRPOTrainer(Trainer):
         counted, flops, tokens = self._flops.rollout(np.repeat([len(r.prompt_ids) for r in rows], g), lengths,
                                                      t1 - t0, scored=not self._check_in_update, reference=o.beta != 0)
         metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
-                   **({} if self._check_in_update else logprob_diff_figures(every[:, k + 2:k + 5])), **timeouts,
+                   **({} if self._check_in_update else logprob_diff_figures(scored.diffs)), **scored.timeouts,
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9), **counted}
         if o.log_completions and logs_completions(step, o.num_iterations, o.log_completions_steps,
