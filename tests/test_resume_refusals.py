@@ -120,6 +120,26 @@ def test_only_what_defines_the_run_is_compared():
     current["config"]["rope_theta"] = 5e5
     assert identity_changes(run_identity(saved), run_identity(current)) == [("model.rope_theta", 1e4, 5e5)]
     assert run_identity({})["objective.type"] == "lm"  # a language-model run records no objective
+    current["config"]["rope_theta"] = 1e4
+    current["objective"]["reward_timeout"] = 30.0  # a bound on a wait, raised after a run saw timeouts
+    saved["objective"]["reward_timeout"] = 300.0
+    assert identity_changes(run_identity(saved), run_identity(current)) == []
+
+
+def test_a_preference_runs_row_preparation_and_truncation_define_it():
+    """An ORPO run saved with DPO's preparation (the default before TRL's per-objective defaults) or keep_end
+    resumed by a recipe that leaves them unset would get other token ids: that is a change; for other kinds the
+    (unused) values are not compared."""
+    def meta(kind: str, preparation: str | None, truncation: str) -> dict:
+        return {"objective": {"name": "orpo", "beta": 0.1},
+                "recipe": {"data": {"kind": kind, "preparation": preparation},
+                           "training": {"truncation_mode": truncation}}}
+
+    assert identity_changes(run_identity(meta("preference", "trl_dpo", "keep_end")),
+                            run_identity(meta("preference", "trl_orpo", "keep_start"))) == [
+        ("data.preparation", "trl_dpo", "trl_orpo"), ("training.truncation_mode", "keep_end", "keep_start")]
+    assert identity_changes(run_identity(meta("chat", "trl_dpo", "keep_end")),
+                            run_identity(meta("chat", None, "keep_start"))) == []
 
 
 def test_a_truncated_reference_logps_file_on_resume_is_one_line_naming_it_and_the_run_is_left_as_it_was(tmp_path):

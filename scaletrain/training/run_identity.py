@@ -9,7 +9,9 @@ compared with what the checkpoint recorded, and a change is refused naming the k
 
 What may change: the training budget and schedule (``training.*``, checked nowhere here),
 how the run is laid out (mesh, remat, attention kernels, ``scan_layers``), and the options
-that only change what a person reads (GRPO's ``log_completions*``). The reference model is
+that only change what a person reads (GRPO's ``log_completions*``) or bound a wait (``reward_timeout``).
+For the preference kinds, how rows are prepared and cut (``data.preparation``,
+``training.truncation_mode``) defines the run too: another value gives other token ids. The reference model is
 compared by the digest of its weights (``training/reference.py``), not by its name here.
 
 Read from the same metadata a checkpoint saves (``Trainer.checkpoint_metadata``), so the
@@ -28,7 +30,10 @@ from scaletrain.errors import CheckpointError
 #: objective options that change what a person reads or how the reference is reached, not what is optimised
 #: (the reference itself is checked by its weights' digest: ``check_reference``)
 FREE_OBJECTIVE_KEYS = frozenset({"name", "log_completions", "log_completions_steps", "num_completions_to_print",
-                                 "reference", "reference_source", "precompute_ref_log_probs"})
+                                 "reference", "reference_source", "precompute_ref_log_probs", "reward_timeout"})
+#: the data kinds whose rows are prepared by ``data.preparation`` and cut by ``training.truncation_mode`` as
+#: their objective's TRL trainer does by default: another value gives other token ids for the same pair
+_PREPARED_KINDS = frozenset({"preference", "unpaired_preference"})
 #: recorded objective keys shown under the option a user sets (GRPO records its rewards' names and their entries)
 _SHOWN_AS = {"reward_specs": "reward_funcs (entries)"}
 #: model config keys that lay out or run the same model (mesh, remat, kernels, layers stacked or not)
@@ -51,6 +56,9 @@ def run_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
     recipe = meta.get("recipe") or {}
     if isinstance(recipe.get("data"), dict) and "kind" in recipe["data"]:
         out["data.kind"] = recipe["data"]["kind"]
+        if out["data.kind"] in _PREPARED_KINDS:  # a default that changed between versions must not slip in
+            out["data.preparation"] = recipe["data"].get("preparation")
+            out["training.truncation_mode"] = (recipe.get("training") or {}).get("truncation_mode")
     config = meta.get("config") or {}
     out.update({f"model.{k}": v for k, v in config.items() if k not in FREE_MODEL_KEYS})
     return out
