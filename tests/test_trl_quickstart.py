@@ -182,6 +182,33 @@ def test_a_path_a_list_of_dicts_and_a_dataset_give_the_recipe_kinds_rows(folder,
                            who="DPOTrainer") == (already, None)  # prepared rows are used as given
 
 
+def test_python_rows_are_cut_as_trls_trainer_and_a_recipe_cut_them_unless_args_say(folder, tmp_path):
+    """DPOConfig leaves truncation_mode unset: the rows are cut as TRL's DPOTrainer cuts them (keep_start), the
+    same arrays a recipe gets; a truncation_mode given in args is kept."""
+    import scaletrain as st
+    from scaletrain.data import load_processor
+    from scaletrain.data.build import build_datasets
+    from scaletrain.data.config import DataSection
+    from scaletrain.training.trl_inputs import preference_rows
+
+    tok = load_processor(folder)
+    long = " ".join(["one two three four"] * 6)
+    rows = [{"prompt": p, "chosen": f" {c} {long}", "rejected": f" {r} {long}"} for p, c, r in PAIRS]
+    path = _write_jsonl(tmp_path / "long.jsonl", rows)
+
+    def recipe(mode: str):
+        return build_datasets(DataSection(kind="preference", source=path, eval_fraction=0.0), tok, max_length=24,
+                              truncation_mode=mode).train.columns
+
+    for args, mode in ((st.DPOConfig(output_dir=str(tmp_path / "a"), max_length=24), "keep_start"),
+                       (st.DPOConfig(output_dir=str(tmp_path / "b"), max_length=24, truncation_mode="keep_end"),
+                        "keep_end")):
+        train, _ = preference_rows(path, None, tok, args, kind="preference", preparation="trl_dpo", who="DPOTrainer")
+        for key, column in recipe(mode).items():
+            np.testing.assert_array_equal(train.columns[key], column, err_msg=f"{mode}: {key}")
+    assert any((recipe("keep_start")[k] != recipe("keep_end")[k]).any() for k in recipe("keep_end"))  # rows were cut
+
+
 def test_text_rows_without_a_tokenizer_are_one_error_naming_processing_class(tmp_path):
     import scaletrain as st
     from scaletrain.training.trl_inputs import preference_rows

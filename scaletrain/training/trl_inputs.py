@@ -179,6 +179,9 @@ def preference_rows(train: Any, evals: Any, tokenizer: Any, args: TrainingArgume
             raise DataError(f"{who}({name}={os.fspath(dataset)!r}): read as plain text; preference rows need "
                             f"columns ({' / '.join(TEXT_COLUMNS[kind])}) in JSONL, Parquet, CSV or a dataset folder")
     data_type = data_kind(kind)
+    # as a recipe that leaves it unset: the cut the objective's TRL trainer makes (keep_start), unless args set one
+    truncation = (args.truncation_mode if "truncation_mode" in getattr(args, "model_fields_set", ())
+                  or data_type.truncation_mode is None else data_type.truncation_mode)
     for name in text:
         data = DataSection(kind=kind, source=name, eval_fraction=0.0, preparation=preparation,
                            max_prompt_length=getattr(args, "max_prompt_length", None))
@@ -188,7 +191,7 @@ def preference_rows(train: Any, evals: Any, tokenizer: Any, args: TrainingArgume
 
         bad = BadRows(skip=False)
         built = data_type.build(data, rows, tokenizer, bad, max_length=args.max_length, seed=args.seed,
-                                truncation_mode=args.truncation_mode)
+                                truncation_mode=truncation)
         bad.report()
         if name == "train_dataset":
             train = built.train
