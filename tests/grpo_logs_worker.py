@@ -19,6 +19,7 @@ from typing import Any
 
 import scaletrain as st
 
+from grpo_testing import tiny_grpo_recipe
 from resume_worker import KillAt
 
 LOG_EVERY, SAVE_STEPS, MAX_STEPS = 2, 3, 6
@@ -26,20 +27,11 @@ ROOM = 64  # bytes the limited file may still grow: less than one completion rec
 
 
 def recipe(workdir: str, out: str) -> st.Recipe:
-    return st.Recipe.from_dict({
-        "model": {"type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
-                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": None},
-        "tokenizer": {"path": os.path.join(workdir, "tok")},
-        "data": {"kind": "prompt", "source": os.path.join(workdir, "prompts.jsonl")},
-        "training": {"output_dir": out, "total_batch_size": 16, "max_length": 32, "num_train_epochs": None,
-                     "max_training_steps": MAX_STEPS, "learning_rate": 3e-2, "scheduler": "constant",
-                     "log_steps": 1, "save_steps": SAVE_STEPS, "resume_if_possible": True, "progress_bar": False,
-                     "report_to": []},
-        "objective": {"type": "grpo", "num_generations": 4, "max_completion_length": 6,
-                      "reward_funcs": [{"function": "format_regex", "pattern": r"(?s).*\b(yes|no|maybe|one|two)\b.*"}],
-                      "log_completions_steps": LOG_EVERY},
-    })
+    return st.Recipe.from_dict(tiny_grpo_recipe(
+        workdir, {"output_dir": out, "total_batch_size": 16, "max_training_steps": MAX_STEPS, "save_steps": SAVE_STEPS,
+                  "resume_if_possible": True},
+        {"reward_funcs": [{"function": "format_regex", "pattern": r"(?s).*\b(yes|no|maybe|one|two)\b.*"}],
+         "log_completions_steps": LOG_EVERY}))
 
 
 class LimitFileSizeAt(st.Callback):

@@ -23,6 +23,7 @@ import sys
 import pytest
 import yaml
 
+from grpo_testing import tiny_grpo_recipe
 from preference_testing import word_tokenizer
 from test_jax_launch_runs import LIMIT_S, ROOT, _env, _kill_leftovers
 
@@ -55,18 +56,9 @@ def work(tmp_path_factory):
     word_tokenizer(str(root / "tok"))
     (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     (root / "grpo_words.py").write_text(REWARD)
-    recipe = {
-        "model": {"type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
-                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": None},
-        "tokenizer": {"path": str(root / "tok")},
-        "data": {"kind": "prompt", "source": str(root / "prompts.jsonl")},
-        "training": {"total_batch_size": 12, "max_length": 32, "num_train_epochs": None, "max_training_steps": 4,
-                     "learning_rate": 3e-2, "scheduler": "constant", "log_steps": 1, "save_steps": 2,
-                     "progress_bar": False, "report_to": []},
-        "objective": {"type": "grpo", "num_generations": 4, "max_completion_length": 6, "num_iterations": 3,
-                      "beta": 0.04, "reward_funcs": ["grpo_words:words"], "log_completions_steps": 3},
-    }
+    recipe = tiny_grpo_recipe(str(root), {"total_batch_size": 12, "max_training_steps": 4, "save_steps": 2},
+                              {"num_iterations": 3, "beta": 0.04, "reward_funcs": ["grpo_words:words"],
+                               "log_completions_steps": 3})
     (root / "grpo.yaml").write_text(yaml.safe_dump(recipe))
     return root
 

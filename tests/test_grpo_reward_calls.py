@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
+from grpo_testing import tiny_grpo_recipe
 from preference_testing import one_device_mesh, word_tokenizer
 from scaletrain.errors import DataError
 from scaletrain.rl.rewards import load_rewards, score
@@ -184,19 +185,10 @@ def work(tmp_path_factory):
     recipes = root / "recipes"
     recipes.mkdir()
     (recipes / "side_rewards.py").write_text(REWARDS)
-    recipe = {
-        "model": {"type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
-                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": None},
-        "tokenizer": {"path": str(root / "tok")},
-        "data": {"kind": "prompt", "source": str(root / "prompts.jsonl")},
-        "training": {"total_batch_size": 8, "max_length": 32, "num_train_epochs": None, "max_training_steps": 5,
-                     "learning_rate": 3e-2, "scheduler": "constant", "log_steps": 1, "save_steps": 2,
-                     "resume_if_possible": True, "progress_bar": False, "report_to": []},
-        "objective": {"type": "grpo", "num_generations": 4, "max_completion_length": 6,
-                      "reward_funcs": ["side_rewards:maybe_hang"], "log_completions": False,
-                      "reward_timeout": 3600},
-    }
+    recipe = tiny_grpo_recipe(str(root), {"total_batch_size": 8, "max_training_steps": 5, "save_steps": 2,
+                                          "resume_if_possible": True},
+                              {"reward_funcs": ["side_rewards:maybe_hang"], "log_completions": False,
+                               "reward_timeout": 3600})
     (recipes / "grpo.yaml").write_text(yaml.safe_dump(recipe))
     (root / "elsewhere").mkdir()
     return root
