@@ -114,6 +114,10 @@ def _lora_model(module_class: type, config: Any, args: Any, dtype: Any, param_dt
     return split_trainable(model)
 
 
+#: what a folder that holds a tokenizer has (``save_pretrained`` writes both; either one loads)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def tokenizer_for(meta: dict[str, Any]) -> Any | None:
     """The tokenizer the run used, when its recipe names one that still exists. A run from Python has no
     recipe: a LoRA run's base folder (``lora.base_model``, e.g. the ``model=`` folder of ``DPOTrainer``) then
@@ -123,7 +127,9 @@ def tokenizer_for(meta: dict[str, Any]) -> Any | None:
     recipe = meta.get("recipe") or {}
     path = (recipe.get("tokenizer") or {}).get("path")
     lora = (meta.get("arguments") or {}).get("lora") or {}
-    pretrained = (recipe.get("model") or {}).get("pretrained") or lora.get("base_model")
+    base = lora.get("base_model")
+    base = base if base and any(os.path.isfile(os.path.join(base, f)) for f in _TOKENIZER_FILES) else None
+    pretrained = (recipe.get("model") or {}).get("pretrained") or base  # a base folder without one: as before
     path = resolve_tokenizer_path(path or pretrained or "bundled")
     return load_processor(path) if os.path.isdir(path) else None
 

@@ -211,6 +211,15 @@ class Recipe(BaseModel):
         finds the modules beside the script."""
         return self._folder
 
+    def __eq__(self, other: object) -> bool:
+        """Recipes that say the same are equal, wherever their files were read from (``folder`` is not part of
+        what a recipe says: its YAML round trip, a saved ``recipe.yaml``, compare equal to the original)."""
+        if not isinstance(other, Recipe):
+            return NotImplemented
+        return self.__dict__ == other.__dict__ and self.__pydantic_extra__ == other.__pydantic_extra__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic models are
+
     @model_validator(mode="after")
     def _lora_into_training(self) -> Recipe:
         """The ``lora`` section is ``training.lora``; its base defaults to ``model.pretrained``."""
