@@ -27,6 +27,8 @@ import numpy as np
 import scaletrain as st
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
 
+from resume_worker import status_as_the_cli
+
 SAVE_STEPS, MAX_STEPS = 20, 60
 # TensorStore's words for a full disk, as orbax's writer thread raises them
 ENOSPC_TEXT = ('RESOURCE_EXHAUSTED: Error writing "params" in OCDBT database: Failed to write 9360 bytes to '
@@ -82,7 +84,6 @@ class PauseAfterFirstSave(st.Callback):
 
 
 def main() -> int:
-    from scaletrain.cli import report_user_error
     from scaletrain.logs import setup_logging
 
     out, report = sys.argv[1], tuple(r for r in sys.argv[2].split(",") if r != "none")
@@ -93,14 +94,7 @@ def main() -> int:
         refuse_writes_of_save(int(sys.argv[4]), sys.argv[5])
     else:
         callbacks.append(PauseAfterFirstSave(sys.argv[4], sys.argv[5]))
-    try:
-        build_trainer(out, report, callbacks).train()
-    except Exception as err:
-        status = report_user_error(err)
-        if status is None:
-            raise
-        return status
-    return 0
+    return status_as_the_cli(lambda: build_trainer(out, report, callbacks).train())
 
 
 if __name__ == "__main__":

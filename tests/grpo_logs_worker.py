@@ -20,7 +20,7 @@ from typing import Any
 import scaletrain as st
 
 from grpo_testing import tiny_grpo_recipe
-from resume_worker import KillAt
+from resume_worker import KillAt, status_as_the_cli
 
 LOG_EVERY, SAVE_STEPS, MAX_STEPS = 2, 3, 6
 ROOM = 64  # bytes the limited file may still grow: less than one completion record
@@ -50,20 +50,12 @@ class LimitFileSizeAt(st.Callback):
 
 
 def main() -> int:
-    from scaletrain.cli import report_user_error
     from scaletrain.run import run_training
 
     workdir, out = sys.argv[1], os.path.join(sys.argv[1], sys.argv[2])
     mode, at = (sys.argv[3], int(sys.argv[4])) if len(sys.argv) > 4 else ("-", 0)
     callbacks = {"-": [], "kill": [KillAt(at)], "limit": [LimitFileSizeAt(at, out)]}[mode]
-    try:
-        run_training(recipe(workdir, out), callbacks=callbacks)
-    except Exception as err:
-        status = report_user_error(err)
-        if status is None:
-            raise
-        return status
-    return 0
+    return status_as_the_cli(lambda: run_training(recipe(workdir, out), callbacks=callbacks))
 
 
 if __name__ == "__main__":

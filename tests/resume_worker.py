@@ -8,6 +8,7 @@ its asynchronous checkpoint writes are.
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -51,6 +52,21 @@ def run_recipe_worker(recipe) -> None:
     kill_at = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     reference = sys.argv[4] if len(sys.argv) > 4 else None
     run_training(recipe(workdir, out, reference), callbacks=[KillAt(kill_at)] if kill_at else [])
+
+
+def status_as_the_cli(work: Callable[[], object]) -> int:
+    """Run ``work()`` and end as ``scaletrain train`` ends: 0, or a user error's one line and its status
+    (``report_user_error``); any other exception propagates with its traceback."""
+    from scaletrain.cli import report_user_error
+
+    try:
+        work()
+    except Exception as err:
+        status = report_user_error(err)
+        if status is None:
+            raise
+        return status
+    return 0
 
 
 def main() -> None:
