@@ -9,9 +9,12 @@ import optax
 import pytest
 from flax import nnx
 
-from scaletrain.generation import SamplingParams, completion_log_probs, engine_for, left_pad, rollout
+import jax.numpy as jnp
+
+from scaletrain.generation import SamplingParams, engine_for, left_pad, rollout, rollout_rows
 from scaletrain.generation.sampling import categorical
 from scaletrain.models.registry import AutoModelForCausalLM
+from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.peft.lora import LoRAConfig, apply_lora, merge_lora
 from scaletrain.training.state import create_train_state
 from hf_testing import hf_model, save_hf
@@ -45,10 +48,13 @@ def state(llama_dir):
 
 
 def _trainer_log_probs(graphdef, params, frozen, out, temperature: float) -> np.ndarray:
+    """The completion tokens' log-probs by the function GRPO's update and ``rollout/logprob_diff_*`` use."""
     @jax.jit
-    def forward(params, frozen, *rows):
+    def forward(params, frozen, prompt_ids, prompt_mask, completion_ids, completion_mask):
         model = nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
-        return completion_log_probs(model, *rows, temperature=temperature)
+        rows = rollout_rows(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        logps, _ = completion_token_stats(model, *rows, completion_ids.shape[1], temperature=temperature)
+        return jnp.where(completion_mask != 0, logps, 0.0)
 
     return np.asarray(forward(params, frozen, out.prompt_ids, out.prompt_mask, out.completion_ids,
                               out.completion_mask))

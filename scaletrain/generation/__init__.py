@@ -4,23 +4,21 @@
 - :mod:`~scaletrain.generation.engine`: :func:`rollout`, :class:`SamplingParams`, :class:`Rollout`,
   the compiled program per shape bucket;
 - :mod:`~scaletrain.generation.buckets`: what is padded (prompts left-padded to a power-of-two
-  length, the batch to a power of two with finished dummy rows);
+  length, the batch to a power of two with finished dummy rows) and the rows the trainer scores;
 - :mod:`~scaletrain.generation.sampling`: temperature / top-k / top-p, the per-row keys, and which
   distribution a log-probability is of;
-- :mod:`~scaletrain.generation.logprobs`: the same log-probabilities by the training forward;
 - :mod:`~scaletrain.generation.generate`: the single-call ``generate()``;
 - :mod:`~scaletrain.generation.stops`: the ids that end a reply.
 """
 
-from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, PaddedBatch, bucket, left_pad
+from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, PaddedBatch, bucket, left_pad, rollout_rows
 from scaletrain.generation.engine import Rollout, RolloutEngine, SamplingParams, engine_for, rollout
 from scaletrain.generation.generate import generate
-from scaletrain.generation.logprobs import completion_log_probs, rollout_rows
 from scaletrain.generation.sampling import filter_logits, pick_tokens, sample_token, sampling_problem
 from scaletrain.generation.stops import end_of_turn_id, stop_token_ids, until_stop
 
 __all__ = [
     "MIN_PROMPT_BUCKET", "PaddedBatch", "Rollout", "RolloutEngine", "SamplingParams", "bucket",
-    "completion_log_probs", "end_of_turn_id", "engine_for", "filter_logits", "generate", "left_pad",
+    "end_of_turn_id", "engine_for", "filter_logits", "generate", "left_pad",
     "pick_tokens", "rollout", "rollout_rows", "sample_token", "sampling_problem", "stop_token_ids", "until_stop",
 ]

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 #: the shortest prompt bucket: shorter prompts are padded to this many tokens
@@ -91,3 +93,14 @@ def bucket(ids: np.ndarray, mask: np.ndarray, num_generations: int = 1, pad_id: 
     out_mask[rows:, -1] = 1  # a dummy row: one real (pad) token, so its attention has a key
     live = np.arange(batch) < rows
     return PaddedBatch(out_ids, out_mask, live, rows)
+
+
+def rollout_rows(prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
+                 completion_mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(input_ids, segment_ids, positions)`` [B, P + N] of prompts followed by their completions, the rows
+    the trainer's forward scores (``objectives.token_logps``): segment 1 on real tokens, 0 on padding (left of
+    the prompt, right of the completion), positions counting real tokens, as the decode loop numbered them."""
+    ids = jnp.concatenate([prompt_ids, completion_ids], axis=1).astype(jnp.int32)
+    seg = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.int32)
+    positions = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0).astype(jnp.int32)
+    return ids, seg, positions
