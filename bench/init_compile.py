@@ -53,7 +53,7 @@ def measure(model: dict[str, Any], layers: int, devices: list[Any], mode: str) -
     from flax import nnx
 
     from scaletrain.models import factory
-    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.llama.config import LlamaConfig
     from scaletrain.models.llama import LlamaForCausalLM
 
     cfg = LlamaConfig(**dict(model, num_hidden_layers=layers), scan_layers=mode == "scan")

@@ -21,7 +21,7 @@ from scaletrain.compat.easydel.argument_names import EASYDEL_SCHEDULERS, transla
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
 from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import dtype_name
+from scaletrain.models.common.config import dtype_name
 from scaletrain.peft.lora_config import LoRAConfig
 
 __all__ = ["TrainingArguments", "format_validation_error", "parse_duration"]

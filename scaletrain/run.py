@@ -69,7 +69,7 @@ def build_model(recipe: Recipe, tokenizer: Any) -> Any:
 def model_config(recipe: Recipe, tokenizer: Any) -> tuple[Any, type]:
     """``(config, module class)`` of the model the recipe will train: a pretrained folder's (with the
     recipe's layout and runtime keys) or a new one's, sized to the tokenizer. Reads no weights."""
-    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
+    from scaletrain.models.common.config import LAYOUT_KEYS, RUNTIME_KEYS
     from scaletrain.models.hf_config import load_hf_config
     from scaletrain.models.registry import get_modules_by_type
 
@@ -122,7 +122,7 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     weights are read); architecture keys come from the folder
     (:func:`check_pretrained_keys`).
     """
-    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
+    from scaletrain.models.common.config import LAYOUT_KEYS, RUNTIME_KEYS
     from scaletrain.models.registry import AutoModelForCausalLM
 
     check_pretrained_keys(recipe)
@@ -158,7 +158,7 @@ def check_pretrained_keys(recipe: Recipe) -> None:
 
 def pretrained_key_problem(recipe: Recipe) -> str | None:
     """:func:`check_pretrained_keys`'s finding as a sentence, or None."""
-    from scaletrain.models.config import LAYOUT_KEYS, RUNTIME_KEYS
+    from scaletrain.models.common.config import LAYOUT_KEYS, RUNTIME_KEYS
     from scaletrain.models.hf_config import load_hf_config
 
     extra = {k: v for k, v in recipe.model.config_overrides.items() if k not in (*RUNTIME_KEYS, *LAYOUT_KEYS)}

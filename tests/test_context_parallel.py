@@ -130,7 +130,7 @@ def test_sequence_block_is_a_whole_tile_of_the_slice() -> None:
 
 
 def _llama(mechanism: str, policy: str = "none", **kw: object):
-    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.llama.config import LlamaConfig
     from scaletrain.models.factory import create_sharded_model, mesh_for_config
     from scaletrain.models.llama import LlamaForCausalLM
 
@@ -210,7 +210,7 @@ def test_auto_runs_the_kernel_where_a_gpu_mesh_splits_the_sequence() -> None:
     would build [T / sp, T] scores), and stays itself wherever the kernel cannot or need not run."""
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
-    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.llama.config import LlamaConfig
     from scaletrain.models.mistral import MistralConfig
     from scaletrain.models.kernels.flash_sharding import training_mechanism
 

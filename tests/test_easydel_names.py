@@ -13,7 +13,7 @@ import pytest
 from scaletrain import AttentionMechanisms, EasyDeLGradientCheckPointers, PartitionAxis, TrainingArguments
 from scaletrain.compat.easydel.ray_config import RayDistributedConfig
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.llama.config import LlamaConfig
 from scaletrain.recipe import Recipe
 from scaletrain.training.optim import make_optimizer, parameter_path
 

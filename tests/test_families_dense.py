@@ -100,7 +100,7 @@ def test_unsupported_options_fail_naming_the_key(config, key, tmp_path) -> None:
 
 
 def test_export_refuses_what_transformers_cannot_express() -> None:
-    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.llama.config import LlamaConfig
     from scaletrain.models.qwen3 import Qwen3Config
     from scaletrain.models.hf_config import config_to_hf
 

@@ -151,7 +151,7 @@ def test_model_with_pallas_attention_equals_the_einsum_path_on_a_mesh() -> None:
     rows over fsdp, heads over tp) gives the einsum path's loss and gradients (float32)."""
     from flax import nnx
 
-    from scaletrain.models.config import LlamaConfig
+    from scaletrain.models.llama.config import LlamaConfig
     from scaletrain.models.factory import create_sharded_model, mesh_for_config
     from scaletrain.models.llama import LlamaForCausalLM
 

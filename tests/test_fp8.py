@@ -21,10 +21,10 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 import scaletrain
 from scaletrain.errors import ConfigError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM
-from scaletrain.models.config import RUNTIME_KEYS
+from scaletrain.models.common.config import RUNTIME_KEYS
 from scaletrain.models.kernels.fp8 import E4M3, E5M2, fp8_layer, fp8_matmul, glu_product, quantize_dequantize
 from scaletrain.models.llama import MLP
-from scaletrain.models.placement import Placement, use_placement
+from scaletrain.models.common.placement import Placement, use_placement
 from scaletrain.recipe import Recipe
 from scaletrain.run import check_pretrained_keys
 

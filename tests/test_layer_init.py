@@ -1,5 +1,5 @@
 """create_sharded_model makes identical layers with one compiled initialiser, with the values
-of a whole-model initialiser (models/unrolled_layers.py, factory.Initialiser)."""
+of a whole-model initialiser (models/common/unrolled_layers.py, factory.Initialiser)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from flax import nnx
 from jax import monitoring
 
 from scaletrain.models import factory
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.llama.config import LlamaConfig
 from scaletrain.models.llama import LlamaForCausalLM
 
 SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,

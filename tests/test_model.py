@@ -76,7 +76,8 @@ def test_sliding_window_limits_attention(tiny_config_kwargs):
 
 def test_remat_policy_names_have_one_source():
     """options.REMAT_POLICIES (read by config validation, no JAX) names what remat.POLICIES builds."""
-    from scaletrain.models import options, remat
+    from scaletrain.models import options
+    from scaletrain.models.common import remat
 
     assert set(remat.POLICIES) == set(options.REMAT_POLICIES) - {"none"}
     assert set(options.REMAT.values()) == set(options.REMAT_POLICIES)  # every accepted name runs a built policy

@@ -1,5 +1,5 @@
 """``model.scan_layers``: the decoder layers stored as one stack and run by ``lax.scan``
-(models/scanned_layers.py) compute what the unrolled layers compute, from the same values,
+(models/common/scanned_layers.py) compute what the unrolled layers compute, from the same values,
 and compile one layer body whatever the depth. Every family's stack against transformers (its
 tensors in and out, logits, greedy tokens) is in test_families_conformance.py."""
 
@@ -17,7 +17,7 @@ from flax import nnx
 import scaletrain as st
 from scaletrain.errors import CheckpointError
 from scaletrain.models import factory
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.llama.config import LlamaConfig
 from scaletrain.models.registry import get_modules_by_type
 from scaletrain.objectives import LanguageModelObjective
 from flash_testing import assert_same_loss_and_grads

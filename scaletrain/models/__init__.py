@@ -5,7 +5,7 @@ Importing this package imports every family package (``models/<family>/``), whos
 one folder and one import line here.
 """
 
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.llama.config import LlamaConfig
 from scaletrain.models.factory import create_sharded_model, mesh_for_config
 from scaletrain.models.gemma3 import Gemma3ForCausalLM, Gemma3TextConfig
 from scaletrain.models.llama import LlamaForCausalLM

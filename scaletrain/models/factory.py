@@ -18,20 +18,20 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaletrain.models import unrolled_layers
-from scaletrain.models.config import LlamaConfig, to_dtype
+from scaletrain.models.common import unrolled_layers
+from scaletrain.models.common.config import DecoderConfig, to_dtype
 from scaletrain.parallel.mesh import create_mesh
 from scaletrain.parallel.partition import shardings_for_state
 
 
-def mesh_for_config(config: LlamaConfig, devices: list[jax.Device] | None = None) -> Mesh:
+def mesh_for_config(config: DecoderConfig, devices: list[jax.Device] | None = None) -> Mesh:
     """The mesh described by ``config.sharding_axis_dims`` / ``sharding_axis_names``."""
     return create_mesh(config.sharding_axis_dims, config.sharding_axis_names, devices)
 
 
 def abstract_model(
     module_class: type,
-    config: LlamaConfig,
+    config: DecoderConfig,
     *,
     dtype: Any = "float32",
     param_dtype: Any = "float32",
@@ -54,7 +54,7 @@ def abstract_model(
 
 def abstract_sharded_model(
     module_class: type,
-    config: LlamaConfig,
+    config: DecoderConfig,
     *,
     dtype: Any = "float32",
     param_dtype: Any = "float32",
@@ -75,14 +75,14 @@ def abstract_sharded_model(
     return graphdef, params
 
 
-def _maker(module_class: type, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any,
+def _maker(module_class: type, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any,
            seed: int) -> Callable[[], nnx.Module]:
     dtype, param_dtype = to_dtype(dtype), to_dtype(param_dtype)
     return lambda: module_class(config, dtype=dtype, param_dtype=param_dtype, precision=precision,
                                 rngs=nnx.Rngs(seed))
 
 
-def _split_sharded(abstract: nnx.Module, config: LlamaConfig, mesh: Mesh) -> tuple[Any, Any, Any]:
+def _split_sharded(abstract: nnx.Module, config: DecoderConfig, mesh: Mesh) -> tuple[Any, Any, Any]:
     """The graph, abstract state and parameter shardings of an abstract model on ``mesh``."""
     graphdef, abstract_state = nnx.split(abstract)
     with jax.set_mesh(mesh):
@@ -91,7 +91,7 @@ def _split_sharded(abstract: nnx.Module, config: LlamaConfig, mesh: Mesh) -> tup
 
 def create_sharded_model(
     module_class: type,
-    config: LlamaConfig,
+    config: DecoderConfig,
     *,
     dtype: Any = "float32",
     param_dtype: Any = "float32",

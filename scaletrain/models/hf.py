@@ -35,10 +35,10 @@ from jax.sharding import Mesh
 from scaletrain.errors import CheckpointError, ConfigError
 from scaletrain.folders import recover, refuse_foreign, staged
 from scaletrain.key_paths import dotted
-from scaletrain.models.config import LlamaConfig, dtype_name
+from scaletrain.models.common.config import DecoderConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
 from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
-from scaletrain.models.scanned_layers import per_layer_names
+from scaletrain.models.common.scanned_layers import per_layer_names
 from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import PartitionAxis
@@ -148,7 +148,7 @@ def _load_sharded(handles: dict[str, Any], source: Source, target: jax.ShapeDtyp
     """Read one parameter from open safetensors files (``handles`` by tensor) into ``target``'s sharding.
 
     ``source.tensors`` is one HF tensor, or one per entry of the parameter's stacked leading axes
-    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.scanned_layers`).
+    (experts, :mod:`scaletrain.models.hf_experts`; layers, :mod:`scaletrain.models.common.scanned_layers`).
     Each addressable device asks for its own index; only that slice is read from the
     memory-mapped files (a small cache serves replicated devices).
     """
@@ -221,7 +221,7 @@ def load_hf_checkpoint(
     return nnx.merge(graphdef, _read_tensors(targets, needed, files))
 
 
-def _needed_tensors(targets: Any, files: dict[str, str], config: LlamaConfig,
+def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig,
                     local_dir: str) -> dict[str, Source]:
     """Our parameter name -> its :class:`Source`; CheckpointError if the files lack a tensor
     or hold a tensor this model_type does not use."""
@@ -330,7 +330,7 @@ def save_hf_checkpoint(
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     prepare_destination(out_dir)
-    config: LlamaConfig = model.config
+    config: DecoderConfig = model.config
     tensors = sorted(_iter_hf_tensors(model), key=lambda t: _layer_sort_key(t[0]))
     dtypes = {jax.numpy.dtype(x.dtype).name for _, x, _ in tensors}
     save_dtype = dtype_name(dtypes.pop()) if len(dtypes) == 1 else "float32"
@@ -365,7 +365,7 @@ def save_hf_checkpoint(
     return out_dir
 
 
-def _finish_export(tmp: str, config: LlamaConfig, tokenizer: Any, hf_config: Any,
+def _finish_export(tmp: str, config: DecoderConfig, tokenizer: Any, hf_config: Any,
                    weight_map: dict[str, str] | None, total_size: int) -> None:
     """Index, configs, tokenizer and, last, the marker into ``tmp`` (then installed at the export path)."""
     if weight_map is not None:
@@ -387,7 +387,7 @@ def write_marker(folder: str) -> None:
         json.dump({"exported_by": "scaletrain", "version": scaletrain.__version__, "files": files}, f, indent=2)
 
 
-def _generation_config(config: LlamaConfig) -> Any:
+def _generation_config(config: DecoderConfig) -> Any:
     import transformers
 
     return transformers.GenerationConfig(

@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` <-> our model configs (``LlamaConfig`` and family).
+"""Hugging Face ``config.json`` <-> our model configs (``DecoderConfig`` and family).
 
 Why a module of its own: what a config.json *means* (defaults, legacy keys, the
 options we refuse) is a separate question from how the weights are read and written
@@ -17,7 +17,7 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.family import ARCHITECTURES, FAMILIES
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import ROPE_TYPES
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -61,7 +61,7 @@ def load_hf_config(
     local_dir: str | os.PathLike,
     sharding_axis_dims: tuple[int, ...] | None = None,
     partition_axis: PartitionAxis | dict[str, Any] | None = None,
-) -> LlamaConfig:
+) -> DecoderConfig:
     """Our config for a local HF folder, with the mesh placement fields set when given."""
     raw = read_hf_config(local_dir)
     runtime: dict[str, Any] = {}
@@ -72,7 +72,7 @@ def load_hf_config(
     return config_from_hf(raw, os.path.join(os.fspath(local_dir), CONFIG_FILE), **runtime)
 
 
-def config_from_hf(raw: dict[str, Any], where: str = CONFIG_FILE, **runtime: Any) -> LlamaConfig:
+def config_from_hf(raw: dict[str, Any], where: str = CONFIG_FILE, **runtime: Any) -> DecoderConfig:
     """Our config for an HF ``config.json`` dict; ``runtime`` sets placement fields.
 
     Raises ConfigError naming the model_type or option we do not implement, rather
@@ -95,7 +95,7 @@ def config_from_hf(raw: dict[str, Any], where: str = CONFIG_FILE, **runtime: Any
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def config_to_hf(config: LlamaConfig, dtype: str) -> Any:
+def config_to_hf(config: DecoderConfig, dtype: str) -> Any:
     """A transformers config object for ``config``; ConfigError if HF cannot express it.
 
     Only architecture keys travel; placement fields (mesh, partition axes, remat,

@@ -9,7 +9,7 @@ the per-expert names, so those are the format we read and write.
 The rule is by name only: a parameter that sits directly under an ``experts`` module
 (``model.layers.3.mlp.experts.gate_proj``) is such a stack; the MoE modules name
 their kernels after transformers' per-expert linears (see
-:class:`scaletrain.models.moe.SwiGLUExperts`), so no family needs a table here.
+:class:`scaletrain.models.common.moe.SwiGLUExperts`), so no family needs a table here.
 """
 
 from __future__ import annotations

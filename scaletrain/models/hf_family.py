@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 
 #: RoPE types :func:`scaletrain.models.kernels.attention.rope_inv_freq` computes.
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -37,9 +37,9 @@ class HFFamily:
 
     architecture: str  # the transformers model class, written into config.json's "architectures"
     hf_config_class: str  # the transformers config class, by name: transformers loads lazily
-    config_class: type[LlamaConfig]
+    config_class: type[DecoderConfig]
     from_hf: Callable[[Any, str], dict[str, Any]]
-    to_hf: Callable[[LlamaConfig, Refuse], dict[str, Any]]
+    to_hf: Callable[[DecoderConfig, Refuse], dict[str, Any]]
 
     @property
     def model_type(self) -> str:
@@ -105,7 +105,7 @@ def base_fields(hf: Any, where: str, *, rope: bool = True) -> dict[str, Any]:
     return fields
 
 
-def base_hf_kwargs(config: LlamaConfig, *, rope: bool = True) -> dict[str, Any]:
+def base_hf_kwargs(config: DecoderConfig, *, rope: bool = True) -> dict[str, Any]:
     """The transformers config keywords every decoder family shares (see :func:`base_fields`)."""
     kwargs: dict[str, Any] = dict(
         vocab_size=config.vocab_size,
@@ -151,7 +151,7 @@ def uniform_window(hf: Any, where: str) -> int | None:
     return hf.sliding_window if kinds == {"sliding_attention"} and hf.sliding_window is not None else None
 
 
-def uniform_window_to_hf(config: LlamaConfig) -> dict[str, Any]:
+def uniform_window_to_hf(config: DecoderConfig) -> dict[str, Any]:
     """transformers' Qwen2/Qwen3 window keys for our ``use_sliding_window`` / ``sliding_window``."""
     sliding = bool(getattr(config, "use_sliding_window", False)) and config.sliding_window is not None
     n = config.num_hidden_layers

@@ -84,7 +84,7 @@ REFUSED_ATTENTION: dict[str, str] = {
     "autoregressive_decodeattn": "a decoding-only kernel; generation here uses the einsum path",
 }
 
-#: the remat policies a decoder layer can run under; :data:`scaletrain.models.remat.POLICIES`
+#: the remat policies a decoder layer can run under; :data:`scaletrain.models.common.remat.POLICIES`
 #: builds each but ``none`` (no remat) and checks at import that it builds exactly these.
 #: The names live here, not there, because config validation reads them and must not import JAX.
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention", "dots_and_attention")

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scaletrain.models.moe import RouterStats, load_balancing_loss, router_z_loss
+from scaletrain.models.common.moe import RouterStats, load_balancing_loss, router_z_loss
 
 Array = jax.Array
 

@@ -34,7 +34,7 @@ from scaletrain.peft.lora import (
     split_trainable,
     target_paths,
 )
-from scaletrain.models.scanned_layers import per_layer_names
+from scaletrain.models.common.scanned_layers import per_layer_names
 from scaletrain.parallel.host import to_host
 
 logger = logging.getLogger("scaletrain")

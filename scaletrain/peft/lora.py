@@ -35,10 +35,10 @@ from flax import nnx
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.kernels.cpu_dots import matmul
-from scaletrain.models.dense import Dense
+from scaletrain.models.common.dense import Dense
 from scaletrain.peft.lora_config import LoRAConfig
 from scaletrain.peft.quantize import dequantize, quantize
-from scaletrain.models.scanned_layers import LAYER_AXIS, per_layer_names
+from scaletrain.models.common.scanned_layers import LAYER_AXIS, per_layer_names
 from scaletrain.parallel.partition import shardings_for_state
 
 __all__ = ["LoRAConfig", "LoRADense", "LoRAParam", "QuantizedWeight", "apply_lora", "dense_layers", "linear_paths",

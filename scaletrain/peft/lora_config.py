@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import ConfigDict, field_validator, model_validator
 
 from scaletrain.config_keys import ConfigModel
-from scaletrain.models.config import dtype_name
+from scaletrain.models.common.config import dtype_name
 
 #: PEFT's default targets for Llama-like models are q_proj and v_proj; we adapt every attention projection.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")

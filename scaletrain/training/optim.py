@@ -11,7 +11,7 @@ import optax
 
 from scaletrain.arguments import TrainingArguments
 from scaletrain.key_paths import dotted
-from scaletrain.models.scanned_layers import stacked_axes
+from scaletrain.models.common.scanned_layers import stacked_axes
 
 
 def resolved_learning_rate_end(args: TrainingArguments) -> float:

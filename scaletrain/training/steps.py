@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.key_paths import key_names
-from scaletrain.models.scanned_layers import stacked_axes
+from scaletrain.models.common.scanned_layers import stacked_axes
 from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen, with_batch_totals
 from scaletrain.parallel.partition import active_platform
 from scaletrain.training.state import TrainState

@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from scaletrain.compat.easydel.ray_config import PLACEMENT_KEYS
-from scaletrain.models.config import RUNTIME_KEYS
+from scaletrain.models.common.config import RUNTIME_KEYS
 from scaletrain.remote_storage import fetch
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -24,13 +24,13 @@ from jax.sharding import PartitionSpec
 from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
 from scaletrain.models.common.inputs import LayerKind, PreparedInputs, cache_inputs, training_inputs
 from scaletrain.models.common.layer_loop import by_kind, loop_layers
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.kernels.cpu_dots import matmul
-from scaletrain.models.dense import Dense, RMSNorm, _init
-from scaletrain.models.placement import active_placement, use_placement
-from scaletrain.models.unrolled_layers import build_layers
-from scaletrain.models.remat import run_layer
-from scaletrain.models.scanned_layers import StackedLayers
+from scaletrain.models.common.dense import Dense, RMSNorm, _init
+from scaletrain.models.common.placement import active_placement, use_placement
+from scaletrain.models.common.unrolled_layers import build_layers
+from scaletrain.models.common.remat import run_layer
+from scaletrain.models.common.scanned_layers import StackedLayers
 from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import active_sharding_axes
 
@@ -56,7 +56,7 @@ class DecoderModel(nnx.Module):
 
     _model_type: ClassVar[str | None] = None
     _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
-    config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
+    config_class: ClassVar[type[DecoderConfig]] = DecoderConfig
     layer_class: ClassVar[type[nnx.Module]]
     norm_class: ClassVar[type[nnx.Module]] = RMSNorm
 
@@ -66,7 +66,7 @@ class DecoderModel(nnx.Module):
         if "_model_type" not in cls.__dict__:
             cls._model_type = cls.config_class.model_type
 
-    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
         self.embed_tokens = nnx.Param(
             _init(config)(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
             logical_axes=("vocab", "embed"),
@@ -85,7 +85,7 @@ class CausalLM(nnx.Module):
 
     _model_type: ClassVar[str | None] = None
     _model_task: ClassVar[TaskType] = TaskType.CAUSAL_LM
-    config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
+    config_class: ClassVar[type[DecoderConfig]] = DecoderConfig
     #: the embeddings, layers and final norm (``model.*``): what a family changes
     base_model_class: ClassVar[type[DecoderModel]]
 
@@ -95,7 +95,7 @@ class CausalLM(nnx.Module):
         if "_model_type" not in cls.__dict__:
             cls._model_type = cls.config_class.model_type
 
-    def __init__(self, config: LlamaConfig, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
+    def __init__(self, config: DecoderConfig, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
                  precision: Any = None, *, rngs: nnx.Rngs):
         self.config = config
         self.dtype = jnp.dtype(dtype)
@@ -138,8 +138,8 @@ class CausalLM(nnx.Module):
 
         Without a cache the layers are rematerialised as ``config.gradient_checkpointing`` says and
         the activations constrained to the mesh's batch and sequence axes; with one (decoding) neither.
-        The config's :attr:`~scaletrain.models.config.LlamaConfig.placement` is the active one while it
-        runs: the layers read it there (:func:`~scaletrain.models.placement.active_placement`).
+        The config's :attr:`~scaletrain.models.common.config.DecoderConfig.placement` is the active one while it
+        runs: the layers read it there (:func:`~scaletrain.models.common.placement.active_placement`).
         """
         with use_placement(self.config.placement):  # what every layer reads as it runs
             return self._forward(prepared, cache)

@@ -24,7 +24,7 @@ from scaletrain.models.kernels.attention import (
     prepare_inputs,
     rope_tables,
 )
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.kernels.flash_sharding import training_mechanism, zigzag_inputs
 
 Array = jax.Array
@@ -56,7 +56,7 @@ class PreparedInputs(NamedTuple):
     restore: np.ndarray | None
 
 
-def training_inputs(config: LlamaConfig, kinds: tuple[LayerKind, ...], input_ids: Array, positions: Array | None,
+def training_inputs(config: DecoderConfig, kinds: tuple[LayerKind, ...], input_ids: Array, positions: Array | None,
                     segment_ids: Array | None, attention_mask: Array | None) -> PreparedInputs:
     """Each kind's inputs for a forward over whole rows, in the zigzag layout when the flash kernel
     attends over rows split across ``sp`` (every kind permuted alike: the permutation depends on the

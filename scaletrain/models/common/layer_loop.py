@@ -17,7 +17,7 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.models.kernels.attention import KVCache
-from scaletrain.models.scanned_layers import StackedLayers
+from scaletrain.models.common.scanned_layers import StackedLayers
 
 Array = jax.Array
 #: ``step(layer, h, kind, layer_cache) -> (h, aux, layer_cache)``; ``kind`` a Python int (unrolled) or a traced one

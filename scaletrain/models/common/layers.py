@@ -28,12 +28,12 @@ from scaletrain.models.kernels.attention import (
     use_fused_attention,
 )
 from scaletrain.models.common.inputs import LayerInputs
-from scaletrain.models.config import LlamaConfig
-from scaletrain.models.dense import Dense, RMSNorm
+from scaletrain.models.common.config import DecoderConfig
+from scaletrain.models.common.dense import Dense, RMSNorm
 from scaletrain.models.kernels.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.kernels.flash_sharding import sharded_flash_attention
 from scaletrain.models.kernels.fp8 import glu_product
-from scaletrain.models.placement import active_placement
+from scaletrain.models.common.placement import active_placement
 from scaletrain.parallel.partition import active_axis_size, active_platform
 
 Array = jax.Array
@@ -42,7 +42,7 @@ Array = jax.Array
 class Attention(nnx.Module):
     """Grouped-query attention with RoPE, optional q/k/v(/o) biases and per-head q/k norms."""
 
-    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
         h, d = config.hidden_size, config.head_dim
         nq, nkv = config.num_attention_heads, config.num_key_value_heads
         qkv_bias = config.attention_bias or config.qkv_bias
@@ -127,7 +127,7 @@ class Attention(nnx.Module):
         return dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks,
                                      scale=self.scale)
 
-    def _head_norm(self, config: LlamaConfig, dtype: Any, param_dtype: Any) -> nnx.Module | None:
+    def _head_norm(self, config: DecoderConfig, dtype: Any, param_dtype: Any) -> nnx.Module | None:
         """Qwen3's norm over head_dim for q or k, applied before RoPE (None unless ``qk_norm``)."""
         return RMSNorm(config.head_dim, config.rms_norm_eps, dtype, param_dtype) if config.qk_norm else None
 
@@ -162,7 +162,7 @@ class MLP(nnx.Module):
 
     activation: Callable[[Array], Array] = staticmethod(jax.nn.silu)
 
-    def __init__(self, config: LlamaConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
         h, i = config.hidden_size, config.intermediate_size
         kw = dict(config=config, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
         self.gate_proj = Dense(h, i, ("embed", "mlp"), use_bias=config.mlp_bias, **kw)

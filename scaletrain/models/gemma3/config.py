@@ -15,13 +15,13 @@ from typing import Any, ClassVar
 from pydantic import field_validator, model_validator
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig, positive
+from scaletrain.models.common.config import DecoderConfig, positive
 from scaletrain.models.hf_family import Refuse, base_fields, base_hf_kwargs, rope_from_hf, rope_to_hf
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
-class Gemma3TextConfig(LlamaConfig):
+class Gemma3TextConfig(DecoderConfig):
     """Gemma 3 text decoder: GeGLU MLP, (1 + w) RMSNorms around attention and MLP, q/k norm."""
 
     model_type: ClassVar[str] = "gemma3_text"
@@ -121,7 +121,7 @@ def gemma3_from_hf(hf: Any, where: str) -> dict[str, Any]:
     }
 
 
-def gemma3_to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def gemma3_to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
     scalar = config.query_pre_attn_scalar  # an int in transformers' (strict) config class when it is one
     return {
         **base_hf_kwargs(config, rope=False),

@@ -30,8 +30,8 @@ from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
 from scaletrain.models.common.inputs import LayerInputs, LayerKind
 from scaletrain.models.common.layers import MLP, Attention
-from scaletrain.models.config import LlamaConfig
-from scaletrain.models.dense import RMSNorm
+from scaletrain.models.common.config import DecoderConfig
+from scaletrain.models.common.dense import RMSNorm
 from scaletrain.models.gemma3.config import FULL, SLIDING, Gemma3TextConfig
 from scaletrain.models.task import TaskType
 
@@ -69,7 +69,7 @@ class Gemma3Attention(Attention):
         super().__init__(config, dtype, param_dtype, precision, rngs)
         self.scale = float(config.query_pre_attn_scalar) ** -0.5
 
-    def _head_norm(self, config: LlamaConfig, dtype: Any, param_dtype: Any) -> nnx.Module:
+    def _head_norm(self, config: DecoderConfig, dtype: Any, param_dtype: Any) -> nnx.Module:
         return GemmaRMSNorm(config.head_dim, config.rms_norm_eps, dtype, param_dtype)
 
 
@@ -86,7 +86,7 @@ class Gemma3DecoderLayer(nnx.Module):
         self.post_feedforward_layernorm = norm()
 
     @classmethod
-    def aux_shapes(cls, config: LlamaConfig) -> dict[str, Any]:
+    def aux_shapes(cls, config: DecoderConfig) -> dict[str, Any]:
         """One layer's auxiliary outputs: none."""
         return {}
 
@@ -101,7 +101,7 @@ class Gemma3TextModel(DecoderModel):
     """Embeddings, Gemma 3 decoder layers and the final (1 + w) norm (HF's ``model.*`` names)."""
 
     _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
-    config_class: ClassVar[type[LlamaConfig]] = Gemma3TextConfig
+    config_class: ClassVar[type[DecoderConfig]] = Gemma3TextConfig
     layer_class: ClassVar[type[nnx.Module]] = Gemma3DecoderLayer
     norm_class: ClassVar[type[nnx.Module]] = GemmaRMSNorm
 
@@ -109,7 +109,7 @@ class Gemma3TextModel(DecoderModel):
 class Gemma3ForCausalLM(CausalLM):
     """Gemma 3 text decoder with its (usually tied) head."""
 
-    config_class: ClassVar[type[LlamaConfig]] = Gemma3TextConfig
+    config_class: ClassVar[type[DecoderConfig]] = Gemma3TextConfig
     base_model_class: ClassVar[type[DecoderModel]] = Gemma3TextModel
 
     def layer_kinds(self) -> tuple[tuple[LayerKind, ...], list[int]]:

@@ -20,14 +20,14 @@ import jax
 import jax.numpy as jnp
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.parallel.partition import active_platform
 
 Array = jax.Array
 
 
-def rope_inv_freq(config: LlamaConfig) -> jnp.ndarray:
+def rope_inv_freq(config: DecoderConfig) -> jnp.ndarray:
     """Inverse frequencies of RoPE, with ``linear`` and ``llama3`` scaling."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))

@@ -37,7 +37,7 @@ them anywhere (the CPU tests).
 The queries may also be a slice of a longer row of keys, at an offset (``q_offset``,
 ``kv_segment_ids``): one device's share of a sequence split over devices
 (:mod:`scaletrain.models.kernels.flash_sharding` gathers the keys). The forward names its
-output and log-sum-exp for remat policies (:mod:`scaletrain.models.remat`).
+output and log-sum-exp for remat policies (:mod:`scaletrain.models.common.remat`).
 """
 
 from __future__ import annotations

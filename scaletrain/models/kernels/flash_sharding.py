@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.kernels.attention import ForwardInputs, PackedSegments
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.kernels.flash_attention import segment_flash_attention
 from scaletrain.parallel.partition import active_axis_size, active_platform, active_sharding_axes
 
@@ -85,7 +85,7 @@ def zigzag_order(t: int, devices: int) -> np.ndarray:
     return np.concatenate([np.arange(j * c, (j + 1) * c) for j in chunks])
 
 
-def training_mechanism(config: LlamaConfig, t: int) -> str:
+def training_mechanism(config: DecoderConfig, t: int) -> str:
     """The attention a training forward over rows of ``t`` tokens runs: ``config.attn_mechanism``, except
     that ``auto`` becomes ``pallas`` on a GPU mesh that splits the row over sp.
 

@@ -2,8 +2,8 @@
 
 from scaletrain.models.common.family import register
 from scaletrain.models.common.layers import MLP, Attention
-from scaletrain.models.config import LlamaConfig
-from scaletrain.models.dense import RMSNorm
+from scaletrain.models.llama.config import LlamaConfig
+from scaletrain.models.common.dense import RMSNorm
 from scaletrain.models.hf_family import HFFamily
 from scaletrain.models.llama.hf import llama_from_hf, llama_to_hf
 from scaletrain.models.llama.model import DecoderLayer, LlamaForCausalLM, LlamaModel

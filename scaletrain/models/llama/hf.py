@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.llama.config import LlamaConfig
 from scaletrain.models.hf_family import Refuse, base_fields, base_hf_kwargs, check_silu
 
 #: the refusal of q/k norms by a family without them, written once for the three that have none

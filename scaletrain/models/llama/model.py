@@ -17,8 +17,8 @@ from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
 from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import MLP, Attention
-from scaletrain.models.config import LlamaConfig
-from scaletrain.models.dense import RMSNorm
+from scaletrain.models.llama.config import LlamaConfig
+from scaletrain.models.common.dense import RMSNorm
 from scaletrain.models.task import TaskType
 
 Array = jax.Array

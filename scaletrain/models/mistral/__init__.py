@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from scaletrain.models.common.family import register
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse
 from scaletrain.models.llama.hf import refuse_qk_norm, swiglu_fields, swiglu_kwargs
 from scaletrain.models.llama.model import LlamaForCausalLM
 
 
-class MistralConfig(LlamaConfig):
+class MistralConfig(DecoderConfig):
     """Mistral: Llama with an optional sliding attention window."""
 
     model_type: ClassVar[str] = "mistral"
@@ -20,7 +20,7 @@ class MistralConfig(LlamaConfig):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    config_class: ClassVar[type[LlamaConfig]] = MistralConfig
+    config_class: ClassVar[type[DecoderConfig]] = MistralConfig
 
 
 def _from_hf(hf: Any, where: str) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
             "sliding_window": hf.sliding_window}
 
 
-def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
     if config.attention_bias or config.qkv_bias or config.mlp_bias:
         raise refuse("attention/qkv/mlp biases")
     refuse_qk_norm(config, refuse)

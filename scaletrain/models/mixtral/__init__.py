@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from scaletrain.models.common.family import register
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs
 from scaletrain.models.llama.hf import refuse_qk_norm
-from scaletrain.models.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
-from scaletrain.models.moe_decoder import MoeForCausalLM
+from scaletrain.models.common.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
+from scaletrain.models.common.moe_decoder import MoeForCausalLM
 
 
-class MixtralConfig(MoeConfigMixin, LlamaConfig):
+class MixtralConfig(MoeConfigMixin, DecoderConfig):
     """Mixtral: Mistral attention, every MLP a top-``num_experts_per_tok`` of ``num_local_experts`` SwiGLUs."""
 
     model_type: ClassVar[str] = "mixtral"
@@ -47,7 +47,7 @@ class MixtralConfig(MoeConfigMixin, LlamaConfig):
 class MixtralForCausalLM(MoeForCausalLM):
     """Mixtral: top-2 of 8 SwiGLU experts (by default) in every layer, Mistral attention."""
 
-    config_class: ClassVar[type[LlamaConfig]] = MixtralConfig
+    config_class: ClassVar[type[DecoderConfig]] = MixtralConfig
 
 
 def _from_hf(hf: Any, where: str) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
             "qkv_bias": False, "mlp_bias": False, "sliding_window": hf.sliding_window}
 
 
-def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
     if config.attention_bias or config.qkv_bias:
         raise refuse("attention biases")
     refuse_qk_norm(config, refuse)

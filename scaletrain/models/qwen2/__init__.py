@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from scaletrain.models.common.family import register
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, uniform_window, uniform_window_to_hf
 from scaletrain.models.llama.hf import refuse_qk_norm, swiglu_fields, swiglu_kwargs
 from scaletrain.models.llama.model import LlamaForCausalLM
 
 
-class Qwen2Config(LlamaConfig):
+class Qwen2Config(DecoderConfig):
     """Qwen2: Llama with biases on the q/k/v projections."""
 
     model_type: ClassVar[str] = "qwen2"
@@ -26,7 +26,7 @@ class Qwen2Config(LlamaConfig):
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    config_class: ClassVar[type[LlamaConfig]] = Qwen2Config
+    config_class: ClassVar[type[DecoderConfig]] = Qwen2Config
 
 
 def _from_hf(hf: Any, where: str) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
             "use_sliding_window": window is not None, "sliding_window": window}
 
 
-def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
     if not config.qkv_bias or config.attention_bias or config.mlp_bias:
         raise refuse("biases other than q/k/v")
     refuse_qk_norm(config, refuse)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from scaletrain.models.common.family import register
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, uniform_window, uniform_window_to_hf
 from scaletrain.models.llama.hf import swiglu_fields, swiglu_kwargs
 from scaletrain.models.llama.model import LlamaForCausalLM
@@ -26,10 +26,10 @@ class Qwen3Config(Qwen2Config):
 class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 (dense): the Llama block with per-head q/k RMSNorm (``config.qk_norm``)."""
 
-    config_class: ClassVar[type[LlamaConfig]] = Qwen3Config
+    config_class: ClassVar[type[DecoderConfig]] = Qwen3Config
 
 
-def qwen3_attention_to_hf(config: LlamaConfig, refuse: Refuse) -> None:
+def qwen3_attention_to_hf(config: DecoderConfig, refuse: Refuse) -> None:
     """Refuse what Qwen3's attention (dense or MoE) cannot write: no q/k norms, q/k/v-only biases."""
     if not config.qk_norm:
         raise refuse("qk_norm=False (Qwen3 always norms q and k; use model_type qwen2 or llama)")
@@ -43,7 +43,7 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
             "mlp_bias": False, "qk_norm": True, "use_sliding_window": window is not None, "sliding_window": window}
 
 
-def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
     qwen3_attention_to_hf(config, refuse)
     if config.mlp_bias:
         raise refuse("mlp biases (Qwen3 has none)")

@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 from pydantic import field_validator
 
 from scaletrain.models.common.family import register
-from scaletrain.models.config import LlamaConfig, at_least_one
+from scaletrain.models.common.config import DecoderConfig, at_least_one
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs
-from scaletrain.models.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
-from scaletrain.models.moe_decoder import MoeForCausalLM
+from scaletrain.models.common.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
+from scaletrain.models.common.moe_decoder import MoeForCausalLM
 from scaletrain.models.qwen3 import Qwen3Config, qwen3_attention_to_hf
 
 
@@ -54,7 +54,7 @@ class Qwen3MoeConfig(MoeConfigMixin, Qwen3Config):
 class Qwen3MoeForCausalLM(MoeForCausalLM):
     """Qwen3-MoE: top-k of many small SwiGLU experts in every layer, Qwen3 attention (q/k norms)."""
 
-    config_class: ClassVar[type[LlamaConfig]] = Qwen3MoeConfig
+    config_class: ClassVar[type[DecoderConfig]] = Qwen3MoeConfig
 
 
 def _from_hf(hf: Any, where: str) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
             "norm_topk_prob": bool(hf.norm_topk_prob)}
 
 
-def _to_hf(config: LlamaConfig, refuse: Refuse) -> dict[str, Any]:
+def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
     qwen3_attention_to_hf(config, refuse)
     sliding = bool(config.use_sliding_window) and config.sliding_window is not None
     return {**base_hf_kwargs(config), **moe_fields(config, ("num_experts", "moe_intermediate_size")),

@@ -42,7 +42,7 @@ POLICIES: dict[str, Any] = {
         _policies.save_only_these_names(MATMUL, ATTENTION_OUTPUT, ATTENTION_LSE)),
 }
 if set(POLICIES) != set(REMAT_POLICIES) - {"none"}:  # a name config accepts must have a policy, and back
-    raise ImportError(f"scaletrain.models.remat.POLICIES builds {sorted(POLICIES)}, but "
+    raise ImportError(f"scaletrain.models.common.remat.POLICIES builds {sorted(POLICIES)}, but "
                       f"options.REMAT_POLICIES names {sorted(REMAT_POLICIES)} (all but 'none' must be built)")
 
 

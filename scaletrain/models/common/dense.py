@@ -4,7 +4,7 @@ Every family (Llama, Gemma 3's projections, the MoE router and LoRA's adapted la
 builds on these, so they sit apart from any one block. Parameters are float32 by default
 (``param_dtype``) and cast to the compute ``dtype`` at use; each carries ``logical_axes``
 for :mod:`scaletrain.parallel.partition`. The config is read only to initialise; how the
-matmul runs (FP8 or not) is the active placement's (:mod:`scaletrain.models.placement`).
+matmul runs (FP8 or not) is the active placement's (:mod:`scaletrain.models.common.placement`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.models.kernels.fp8 import fp8_layer, fp8_matmul
-from scaletrain.models.placement import active_placement
+from scaletrain.models.common.placement import active_placement
 
 Array = jax.Array
 
 
-def _init(config: LlamaConfig, scale: float = 1.0) -> Any:
+def _init(config: DecoderConfig, scale: float = 1.0) -> Any:
     return nnx.initializers.normal(stddev=config.initializer_range * scale)
 
 
@@ -38,7 +38,7 @@ class Dense(nnx.Module):
         axes: tuple[str, str],
         *,
         use_bias: bool,
-        config: LlamaConfig,
+        config: DecoderConfig,
         dtype: Any,
         param_dtype: Any,
         precision: Any,

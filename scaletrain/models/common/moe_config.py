@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import model_validator
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.config import LlamaConfig
+from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import check_silu
 
 #: keys of other MoE families' configs that would add shared experts we do not compute
@@ -34,7 +34,7 @@ def _moe_params(config: Any, experts: int) -> int:
     h, n = config.hidden_size, config.num_hidden_layers
     dense_mlp = 3 * h * config.intermediate_size
     moe = experts * 3 * h * config.expert_intermediate_size + h * config.num_experts
-    return LlamaConfig.num_params.fget(config) + n * (moe - dense_mlp)  # type: ignore[attr-defined]
+    return DecoderConfig.num_params.fget(config) + n * (moe - dense_mlp)  # type: ignore[attr-defined]
 
 
 class MoeConfigMixin:

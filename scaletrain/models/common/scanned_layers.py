@@ -27,7 +27,7 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.key_paths import key_names
-from scaletrain.models.unrolled_layers import LayerBuilder, layer_rngs
+from scaletrain.models.common.unrolled_layers import LayerBuilder, layer_rngs
 
 #: the logical name of the layer axis (replicated: every device holds its shard of every layer)
 LAYER_AXIS = "layers"

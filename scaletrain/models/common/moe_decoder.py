@@ -2,7 +2,7 @@
 
 The shared decoder (:mod:`scaletrain.models.common`: attention, RMSNorm, embeddings
 and head; Qwen3's per-head q/k norms come with its config) with a block whose MLP is
-a :class:`~scaletrain.models.moe.SparseMoeBlock`. The model has every family's
+a :class:`~scaletrain.models.common.moe.SparseMoeBlock`. The model has every family's
 interface (``hidden_states``, ``compute_logits``, the KV-cache decoding
 of :mod:`scaletrain.generation`, ``save_pretrained`` / ``from_pretrained``) plus
 the router statistics among the blocks' auxiliary outputs (``aux["router"]`` of
@@ -22,8 +22,8 @@ from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
 from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import Attention
-from scaletrain.models.dense import RMSNorm
-from scaletrain.models.moe import RouterStats, SparseMoeBlock
+from scaletrain.models.common.dense import RMSNorm
+from scaletrain.models.common.moe import RouterStats, SparseMoeBlock
 from scaletrain.models.task import TaskType
 
 Array = jax.Array

@@ -1,13 +1,16 @@
-"""Model configuration with Hugging Face field names.
+"""The neutral decoder config every family builds on: architecture keys apart from placement keys.
 
-``LlamaConfig`` holds the architecture (the same keys as a transformers
-``config.json``) plus the runtime placement fields that EasyDeL RayDistributedTrainer's
-``CONFIG_VARIABLES`` pass to a config: the mesh axes, the ``PartitionAxis``,
-gradient checkpointing, attention options, FP8 and the layers' layout. The layers read
-those through one value, :attr:`LlamaConfig.placement` (:mod:`scaletrain.models.placement`),
-never from the config itself. Unknown keys are kept (as
-transformers does) so configs written by other tools still load; the recipe layer
-is the strict one.
+Why two classes: the architecture (:class:`DecoderConfig`'s own fields: the keys of a transformers
+``config.json`` that every decoder family shares) fixes the weights, while placement
+(:class:`PlacementConfig`: the mesh axes, the ``PartitionAxis``, gradient checkpointing, the
+attention kernel and its dtypes, FP8, the layers' layout) says how the same weights run and may
+change on a loaded model (``RUNTIME_KEYS``). They stay flat keys of one config, because recipes,
+saved configs and EasyDeL RayDistributedTrainer's ``CONFIG_VARIABLES`` name them that way; the
+layers read placement through one value, :attr:`PlacementConfig.placement`
+(:mod:`scaletrain.models.common.placement`), never from the config itself. A family subclasses
+:class:`DecoderConfig` and adds what it alone has (Llama's config is
+:class:`scaletrain.models.llama.config.LlamaConfig`). Unknown keys are kept (as transformers does) so
+configs written by other tools still load; the recipe layer is the strict one.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pydantic import ConfigDict, StrictBool, field_validator, model_validator
 from scaletrain.config_keys import ConfigModel
 from scaletrain.errors import ConfigError
 from scaletrain.models.options import attention_implementation, remat_policy
-from scaletrain.models.placement import Placement
+from scaletrain.models.common.placement import Placement
 from scaletrain.parallel.partition import PartitionAxis
 
 DTYPES: dict[str, Any] = {
@@ -74,11 +77,57 @@ def positive(value: float | None) -> float | None:
     return value
 
 
-class LlamaConfig(ConfigModel):
-    """Llama's config and every family's base: the architecture keys all families share, and placement."""
+class PlacementConfig(ConfigModel):
+    """How a model runs and where its arrays sit (not what its weights are): EasyDeL RayDistributedTrainer's
+    ``CONFIG_VARIABLES`` names. Read by the layers only through :attr:`placement`."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
-    model_type: ClassVar[str] = "llama"
+
+    gradient_checkpointing: str = "none"
+    attn_mechanism: str = "auto"
+    attn_dtype: str | None = None
+    attn_softmax_dtype: str | None = "float32"
+    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.kernels.fp8; strict,
+    # so a YAML string ("yes") is an error, not True
+    fp8: StrictBool = False
+    # the decoder layers as one stack with a leading layer axis, run by lax.scan
+    # (scaletrain.models.common.scanned_layers): one layer body to compile. EasyDeL's name. It changes the
+    # parameters' layout, so a checkpoint restores only into the layout it was saved in
+    scan_layers: StrictBool = False
+    sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
+    sharding_axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
+    sharding_dcn_axis_dims: tuple[int, ...] | None = None
+    partition_axis: PartitionAxis = PartitionAxis()
+
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _remat_name(cls, value: Any) -> str:
+        # EasyDeL's names (EasyDeLGradientCheckPointers) are stored as the policy they run here
+        return remat_policy(value)
+
+    @field_validator("attn_mechanism", mode="before")
+    @classmethod
+    def _attention_name(cls, value: Any) -> str:
+        # EasyDeL's names (AttentionMechanisms) are stored as the kernel choice they run here
+        return attention_implementation(value)
+
+    @field_validator("attn_dtype", "attn_softmax_dtype", mode="before")
+    @classmethod
+    def _dtype_str(cls, value: Any) -> Any:
+        return None if value is None else dtype_name(value)
+
+    @property
+    def placement(self) -> Placement:
+        """The placement fields as one frozen value: what the forward makes active for its layers."""
+        return Placement.of(self)
+
+
+class DecoderConfig(PlacementConfig):
+    """The architecture keys every decoder family shares (a transformers ``config.json``'s names), on top of
+    :class:`PlacementConfig`'s placement keys. ``model_type`` is the family's (each family sets its own)."""
+
+    model_type: ClassVar[str] = "decoder"
     #: MLP activations (``hidden_act``) the family's modules compute; Gemma 3's is gelu-tanh.
     activations: ClassVar[tuple[str, ...]] = ("silu", "swish")
 
@@ -105,25 +154,8 @@ class LlamaConfig(ConfigModel):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = None
-    # runtime placement (EasyDeL's RayDistributedTrainer CONFIG_VARIABLES)
-    gradient_checkpointing: str = "none"
-    attn_mechanism: str = "auto"
-    attn_dtype: str | None = None
-    attn_softmax_dtype: str | None = "float32"
-    # FP8 (e4m3/e5m2, current scaling) q/k/v/o and MLP projections: scaletrain.models.kernels.fp8; strict,
-    # so a YAML string ("yes") is an error, not True
-    fp8: StrictBool = False
-    # the decoder layers as one stack with a leading layer axis, run by lax.scan
-    # (scaletrain.models.scanned_layers): one layer body to compile. EasyDeL's name. It changes the
-    # parameters' layout, so a checkpoint restores only into the layout it was saved in
-    scan_layers: StrictBool = False
-    sharding_axis_names: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
-    sharding_axis_dims: tuple[int, ...] = (1, -1, 1, 1, 1)
-    sharding_dcn_axis_dims: tuple[int, ...] | None = None
-    partition_axis: PartitionAxis = PartitionAxis()
-
     @model_validator(mode="after")
-    def _fill_defaults(self) -> LlamaConfig:
+    def _fill_defaults(self) -> DecoderConfig:
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
@@ -159,29 +191,7 @@ class LlamaConfig(ConfigModel):
     def _positive(cls, value: float) -> float:
         return positive(value)
 
-    @field_validator("gradient_checkpointing", mode="before")
-    @classmethod
-    def _remat_name(cls, value: Any) -> str:
-        # EasyDeL's names (EasyDeLGradientCheckPointers) are stored as the policy they run here
-        return remat_policy(value)
-
-    @field_validator("attn_mechanism", mode="before")
-    @classmethod
-    def _attention_name(cls, value: Any) -> str:
-        # EasyDeL's names (AttentionMechanisms) are stored as the kernel choice they run here
-        return attention_implementation(value)
-
-    @field_validator("attn_dtype", "attn_softmax_dtype", mode="before")
-    @classmethod
-    def _dtype_str(cls, value: Any) -> Any:
-        return None if value is None else dtype_name(value)
-
     # ---- derived quantities -------------------------------------------------
-    @property
-    def placement(self) -> Placement:
-        """The placement fields as one frozen value: what the forward makes active for its layers."""
-        return Placement.of(self)
-
     def attention_window(self) -> int | None:
         """The attention window the model applies (None: none); Qwen2's family windows only when asked."""
         return self.sliding_window
@@ -228,7 +238,7 @@ class LlamaConfig(ConfigModel):
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+    def from_dict(cls, data: dict[str, Any]) -> DecoderConfig:
         data = {k: v for k, v in data.items() if k != "model_type"}
         return cls(**data)
 
@@ -237,7 +247,7 @@ class LlamaConfig(ConfigModel):
             json.dump(self.to_dict(), f, indent=2, sort_keys=True)
 
 
-def check_config_keys(config_class: type[LlamaConfig], keys: set[str], where: str) -> None:
+def check_config_keys(config_class: type[DecoderConfig], keys: set[str], where: str) -> None:
     """Raise ConfigError naming any key that ``config_class`` does not define."""
     unknown = sorted(k for k in keys if k not in config_class.model_fields and k != "model_type")
     if unknown:

@@ -37,8 +37,8 @@ from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from scaletrain.models.dense import Dense, _init
-from scaletrain.models.placement import active_placement
+from scaletrain.models.common.dense import Dense, _init
+from scaletrain.models.common.placement import active_placement
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes, axis_names
 
 Array = jax.Array
