@@ -6,7 +6,8 @@ A GRPO batch is a rollout batch scored and ready to learn from (``scaletrain.rl`
   left-padded prompt, as the rollout engine laid them out;
 - ``completion_mask`` [N, C]: 1 on the completion tokens that count (a truncated completion's
   are 0 with ``mask_truncated_completions``);
-- ``advantages`` [N]: the group-normalised rewards (``scaletrain.rl.advantages``);
+- ``advantages`` [N]: the rewards made advantages by the objective's ``advantages`` estimator
+  (``objectives/advantage_estimators.py``; GRPO's group normalisation by default);
 - ``old_logps`` [N, C] when ``num_iterations > 1`` (the policy that sampled, scored by the
   trainer's forward before the first update); with one iteration the current log-probabilities,
   held constant, stand in for them, as in TRL, so the ratio is exactly 1;
@@ -34,6 +35,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from scaletrain.objectives.advantage_estimators import AdvantageSpec
 from scaletrain.objectives.base import Batch, Sums
 from scaletrain.objectives.grpo_loss import GRPOLossConfig, loss_sum, normaliser_key, per_token_terms
 from scaletrain.objectives.pair_metrics import eval_figures, step_figures, zeros
@@ -68,6 +70,8 @@ class GRPOObjective:
     #: compare ``sampler_logps`` with this forward's; its ``logprob_diff_max`` sum is a max only with one
     #: micro-batch (the step adds micro-batches' sums), so the GRPO trainer sets it only then
     sampler_check: bool = False
+    #: how the rollout turns rewards into the batch's ``advantages`` (an estimator of the registry and its options)
+    advantages: AdvantageSpec = AdvantageSpec()
 
     name: ClassVar[str] = "grpo"
     frozen_models: ClassVar[tuple[str, ...]] = ()
@@ -112,12 +116,8 @@ class GRPOObjective:
         else:
             weight, count = mask, tokens
         region = jnp.maximum(terms.low_clipped, terms.high_clipped)
-        check: dict[str, Array] = {}
-        if self.sampler_check:  # over the tokens the loss counts
-            diff = jnp.abs(sg(logps) - batch["sampler_logps"].astype(jnp.float32)) * (mask != 0)
-            check = {"logprob_diff_sum": jnp.sum(diff), "logprob_diff_max": jnp.max(diff)}
         return loss, {
-            **check,
+            **self.sampler_sums(logps, batch, mask),
             "loss": sg(loss),
             "sequences": rows,
             "tokens": tokens,
@@ -128,6 +128,14 @@ class GRPOObjective:
             "clip_region": jnp.sum(region * weight),
             "clip_count": count,
         }
+
+    def sampler_sums(self, logps: Array, batch: Batch, mask: Array) -> Sums:
+        """With ``sampler_check``: the sampler's log-probabilities against this forward's, over the tokens the loss
+        counts (``rollout/logprob_diff_*``); else nothing."""
+        if not self.sampler_check:
+            return {}
+        diff = jnp.abs(jax.lax.stop_gradient(logps) - batch["sampler_logps"].astype(jnp.float32)) * (mask != 0)
+        return {"logprob_diff_sum": jnp.sum(diff), "logprob_diff_max": jnp.max(diff)}
 
     def zero_sums(self, model: Any) -> Sums:
         return zeros(_SUMS + (_CHECK_SUMS if self.sampler_check else ()))

@@ -26,11 +26,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from scaletrain.objectives.loss_aggregations import aggregation_names, get_aggregation
+
 Array = jax.Array
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SCALE_REWARDS = ("group", "batch", "none")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -48,8 +48,8 @@ class GRPOLossConfig:
     max_completion_length: int = 512  # dr_grpo's constant normaliser
 
     def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not one of {list(LOSS_TYPES)}")
+        if self.loss_type not in aggregation_names():
+            raise ValueError(f"loss_type={self.loss_type!r} is not one of {list(aggregation_names())}")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(f"importance_sampling_level={self.importance_sampling_level!r} is not one of "
                              f"{list(IMPORTANCE_SAMPLING_LEVELS)}")
@@ -104,21 +104,15 @@ def per_token_terms(cfg: GRPOLossConfig, logps: Array, old: Array, advantages: A
 
 
 def loss_sum(cfg: GRPOLossConfig, per_token_loss: Array, mask: Array) -> Array:
-    """The micro-batch's loss as a sum that the step divides by the batch's normaliser
-    (:func:`normaliser_key`): per-row token means for ``grpo``, token sums for ``bnpo`` / ``dapo``,
-    token sums over ``max_completion_length`` for ``dr_grpo``."""
-    masked = per_token_loss * mask
-    if cfg.loss_type == "grpo":
-        return jnp.sum(jnp.sum(masked, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0))
-    if cfg.loss_type == "dr_grpo":
-        return jnp.sum(masked) / cfg.max_completion_length
-    return jnp.sum(masked)
+    """The micro-batch's loss as a sum that the step divides by the batch's normaliser (:func:`normaliser_key`):
+    the ``loss_type``'s entry of ``objectives/loss_aggregations.py``."""
+    return get_aggregation(cfg.loss_type).fn(per_token_loss * mask, mask, cfg.max_completion_length)
 
 
 def normaliser_key(loss_type: str) -> str:
-    """What the summed loss is divided by: completions for ``grpo`` / ``dr_grpo``, completion tokens of the
-    whole batch for ``bnpo`` / ``dapo`` (TRL's ``num_items_in_batch``)."""
-    return "sequences" if loss_type in ("grpo", "dr_grpo") else "tokens"
+    """What the summed loss is divided by: completions (``"sequences"``) or the whole batch's completion tokens
+    (``"tokens"``, TRL's ``num_items_in_batch``), as the ``loss_type``'s aggregation declares."""
+    return get_aggregation(loss_type).normaliser
 
 
 def importance_sampling_ratio(trainer_logps: Array, sampler_logps: Array, mask: Array, mode: str,

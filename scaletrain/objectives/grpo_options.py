@@ -21,7 +21,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scaletrain.config_keys import key_errors
-from scaletrain.objectives.grpo_loss import IMPORTANCE_SAMPLING_LEVELS, IS_MODES, LOSS_TYPES, SCALE_REWARDS
+from scaletrain.objectives.advantage_estimators import REWARD_SCALES, AdvantageSpec
+from scaletrain.objectives.grpo_loss import IMPORTANCE_SAMPLING_LEVELS, IS_MODES
+from scaletrain.objectives.loss_aggregations import aggregation_names
 
 logger = logging.getLogger("scaletrain")
 
@@ -131,7 +133,7 @@ class GRPOOptions(BaseModel):
     @field_validator("loss_type")
     @classmethod
     def _loss_type(cls, value: str) -> str:
-        return _one_of(value, LOSS_TYPES)
+        return _one_of(value, aggregation_names())
 
     @field_validator("importance_sampling_level")
     @classmethod
@@ -144,7 +146,7 @@ class GRPOOptions(BaseModel):
         # TRL accepts the old booleans: True is "group", False is "none"
         if isinstance(value, bool):
             return "group" if value else "none"
-        return _one_of(value, SCALE_REWARDS)
+        return _one_of(value, tuple(REWARD_SCALES))
 
     @field_validator("vllm_importance_sampling_mode")
     @classmethod
@@ -170,14 +172,20 @@ def _one_of(value: Any, allowed: tuple[str, ...]) -> str:
 def build_grpo_objective(o: GRPOOptions) -> Any:
     """The :class:`~scaletrain.objectives.grpo.GRPOObjective` of validated options."""
     from scaletrain.objectives.grpo import GRPOObjective
+
+    return GRPOObjective(loss=loss_config(o), temperature=o.temperature, num_iterations=o.num_iterations,
+                         importance_sampling_correction=o.vllm_importance_sampling_correction,
+                         advantages=AdvantageSpec.of("grpo", o))
+
+
+def loss_config(o: GRPOOptions) -> Any:
+    """The :class:`~scaletrain.objectives.grpo_loss.GRPOLossConfig` of validated options."""
     from scaletrain.objectives.grpo_loss import GRPOLossConfig
 
-    loss = GRPOLossConfig(loss_type=o.loss_type, importance_sampling_level=o.importance_sampling_level,
+    return GRPOLossConfig(loss_type=o.loss_type, importance_sampling_level=o.importance_sampling_level,
                           epsilon=o.epsilon, epsilon_high=o.epsilon_high, delta=o.delta, beta=o.beta,
                           use_bias_correction_kl=o.use_bias_correction_kl,
                           max_completion_length=o.max_completion_length)
-    return GRPOObjective(loss=loss, temperature=o.temperature, num_iterations=o.num_iterations,
-                         importance_sampling_correction=o.vllm_importance_sampling_correction)
 
 
 #: the options handed to the GRPO trainer (all of them: it samples, scores and records them in checkpoints)

@@ -1,49 +1,24 @@
-"""Group advantages from rewards, and the reward figures, as TRL 1.16's GRPO trainer computes them.
+"""Advantages from rewards, and the reward figures, as TRL 1.16's GRPO and RLOO trainers compute them.
 
-Why on the host, in numpy: rewards come from Python callables, one float (or None) per
-completion, and a batch holds a few hundred of them; the advantages then travel to the
-device inside the GRPO batch.
+Why here, on host arrays: rewards come from Python callables, one float (or None) per completion and
+function; they are weighted into one reward per completion (``[N]``) on the host, and the objective's
+estimator (``objectives/advantage_estimators.py``, pure JAX, the same function the device step runs)
+makes them advantages. The figures TRL logs beside them (``reward``, ``reward_std``,
+``rewards/<name>/mean`` and ``/std``, ``frac_reward_zero_std``) are read off the same arrays.
 
-The completions of prompt ``i`` are rows ``i * G .. i * G + G - 1`` (G = ``num_generations``).
-A reward function's ``None`` is NaN here and is left out of every mean and deviation
-(TRL's nan-aware sums); a completion that no function scored gets advantage 0.
-
-- ``scale_rewards="group"``: ``A = (r - mean_group) / (std_group + 1e-4)``;
-- ``"batch"``: the group mean, but the deviation of the whole batch;
-- ``"none"``: ``A = r - mean_group`` (Dr. GRPO), the group deviation only read for
-  ``frac_reward_zero_std``.
-
-Deviations carry Bessel's correction (a single value has none: NaN), as ``trl.trainer.utils.nanstd``.
+A reward function's ``None`` is NaN here and is left out of every mean and deviation (TRL's nan-aware
+sums); a completion that no function scored gets advantage 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
-SCALE_REWARDS = ("group", "batch", "none")
-EPS = 1e-4
-
-
-def nanstd(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-    """The standard deviation ignoring NaNs, with Bessel's correction (NaN with fewer than two values)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(x, axis=axis, keepdims=True)
-        var = np.nanmean((x - mean) ** 2, axis=axis, keepdims=True)
-    count = np.sum(~np.isnan(x), axis=axis, keepdims=True)
-    var = np.where(count > 1, var * count / np.maximum(count - 1, 1), np.nan).astype(x.dtype)
-    out = np.sqrt(var)
-    return out.squeeze() if axis is None else out.squeeze(axis)
-
-
-def _nanmean(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(x, axis=axis)
+from scaletrain.objectives.advantage_estimators import REWARD_SCALES, AdvantageSpec, nanmean, nanstd
 
 
 @dataclasses.dataclass
@@ -64,33 +39,44 @@ def weighted_rewards(rewards_per_func: np.ndarray, weights: Sequence[float]) -> 
     return np.where(np.isnan(r).all(axis=1), np.float32(np.nan), total)
 
 
-def group_advantages(rewards_per_func: np.ndarray, weights: Sequence[float], num_generations: int,
-                     scale_rewards: str = "group", names: Sequence[str] | None = None) -> Advantages:
-    """The advantages of [N, F] rewards (NaN: skipped) with F functions of ``weights`` (see the module docstring)."""
-    if scale_rewards not in SCALE_REWARDS:
-        raise ValueError(f"scale_rewards={scale_rewards!r} is not one of {list(SCALE_REWARDS)}")
+def reward_figures(rewards_per_func: np.ndarray, rewards: np.ndarray, shaped: np.ndarray, num_generations: int,
+                   spread: str, names: Sequence[str] | None = None) -> dict[str, float]:
+    """TRL's reward figures: per function, of the weighted ``rewards``, and the share of completions whose
+    ``spread`` deviation (:data:`REWARD_SCALES`) of the ``shaped`` rewards the estimator read is 0."""
+    r = np.asarray(rewards_per_func, np.float32)
+    names = list(names) if names is not None else [f"reward_{i}" for i in range(r.shape[1])]
+    metrics: dict[str, float] = {}
+    for i, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = float(nanmean(jnp.asarray(r[:, i])))
+        metrics[f"rewards/{name}/std"] = float(nanstd(jnp.asarray(r[:, i])))
+    metrics["reward"] = float(nanmean(jnp.asarray(rewards)))
+    metrics["reward_std"] = float(nanstd(jnp.asarray(rewards)))
+    std = np.asarray(REWARD_SCALES[spread].std(jnp.asarray(shaped), int(num_generations)))
+    # torch.isclose(std, 0) with its default tolerances; NaN is not close
+    metrics["frac_reward_zero_std"] = float(np.mean((np.abs(std) <= 1e-8).astype(np.float32)))
+    return metrics
+
+
+def advantages_of(rewards_per_func: np.ndarray, weights: Sequence[float], num_generations: int,
+                  spec: AdvantageSpec, names: Sequence[str] | None = None,
+                  kl_rows: np.ndarray | None = None) -> Advantages:
+    """The advantages of [N, F] rewards (NaN: skipped) with F functions of ``weights`` by ``spec``'s estimator;
+    ``kl_rows`` [N]: each completion's summed sampler-vs-reference log-ratio, for an estimator that takes the KL
+    off the reward (RLOO's ``beta``)."""
     r = np.asarray(rewards_per_func, np.float32)
     n, g = r.shape[0], int(num_generations)
     if n % g:
         raise ValueError(f"{n} completions do not make whole groups of num_generations={g}")
     rewards = weighted_rewards(r, weights)
-    grouped = rewards.reshape(-1, g)
-    mean = np.repeat(_nanmean(grouped, axis=1), g)
-    if scale_rewards == "batch":
-        std = np.full(n, nanstd(rewards) if n > 1 else 0.0, np.float32)
-    else:
-        std = np.repeat(nanstd(grouped, axis=1), g) if g > 1 else np.zeros(n, np.float32)
-    adv = rewards - mean
-    if scale_rewards != "none":
-        adv = adv / (std + np.float32(EPS))
-    zero_std = np.abs(std) <= 1e-8  # torch.isclose(std, 0) with its default tolerances; NaN is not close
-    adv = np.nan_to_num(adv.astype(np.float32), nan=0.0)
-    names = list(names) if names is not None else [f"reward_{i}" for i in range(r.shape[1])]
-    metrics: dict[str, float] = {}
-    for i, name in enumerate(names):
-        metrics[f"rewards/{name}/mean"] = float(_nanmean(r[:, i]))
-        metrics[f"rewards/{name}/std"] = float(nanstd(r[:, i]))
-    metrics["reward"] = float(_nanmean(rewards))
-    metrics["reward_std"] = float(nanstd(rewards))
-    metrics["frac_reward_zero_std"] = float(np.mean(zero_std.astype(np.float32)))
-    return Advantages(adv, rewards, metrics)
+    shaped = spec.shaped(jnp.asarray(rewards), None if kl_rows is None else jnp.asarray(kl_rows))
+    adv = np.asarray(spec(jnp.asarray(rewards), g, None if kl_rows is None else jnp.asarray(kl_rows)), np.float32)
+    return Advantages(adv, rewards, reward_figures(r, rewards, np.asarray(shaped), g, spec.spread, names))
+
+
+def group_advantages(rewards_per_func: np.ndarray, weights: Sequence[float], num_generations: int,
+                     scale_rewards: str = "group", names: Sequence[str] | None = None) -> Advantages:
+    """GRPO's advantages (``scale_rewards``: a :data:`REWARD_SCALES` name) of [N, F] rewards; see :func:`advantages_of`."""
+    if scale_rewards not in REWARD_SCALES:
+        raise ValueError(f"scale_rewards={scale_rewards!r} is not one of {list(REWARD_SCALES)}")
+    return advantages_of(rewards_per_func, weights, num_generations,
+                         AdvantageSpec.of("grpo", {"scale_rewards": scale_rewards}), names)

@@ -44,7 +44,7 @@ from scaletrain.rl.config import GRPOConfig
 from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
-from scaletrain.rl.advantages import group_advantages
+from scaletrain.rl.advantages import advantages_of
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout
@@ -342,7 +342,7 @@ class GRPOTrainer(Trainer):
                             o.reward_timeout, self._check_in_update)
         per_func, lengths, truncated, comp_ids = scored.per_func, scored.lengths, scored.truncated, scored.comp_ids
         names = [f.name for f in self.reward_functions]
-        adv = group_advantages(per_func, self.reward_weights, g, o.scale_rewards, names)
+        adv = advantages_of(per_func, self.reward_weights, g, self.objective.advantages, names)
         t3 = time.perf_counter()
         mask = np.asarray(h["completion_mask"], np.float32)
         extra = {"ref_logps": h["ref_logps"]} if o.beta != 0.0 else {}
