@@ -162,8 +162,10 @@ class MLP(nnx.Module):
 
     activation: Callable[[Array], Array] = staticmethod(jax.nn.silu)
 
-    def __init__(self, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
-        h, i = config.hidden_size, config.intermediate_size
+    def __init__(self, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs,
+                 intermediate_size: int | None = None):
+        # ``intermediate_size``: a width other than the config's (a mixture of experts' shared experts)
+        h, i = config.hidden_size, intermediate_size or config.intermediate_size
         kw = dict(config=config, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
         self.gate_proj = Dense(h, i, ("embed", "mlp"), use_bias=config.mlp_bias, **kw)
         self.up_proj = Dense(h, i, ("embed", "mlp"), use_bias=config.mlp_bias, **kw)
