@@ -24,21 +24,7 @@ _EXPORTS: dict[str, str] = {
     "create_mesh": "scaletrain.parallel.mesh",
     "TaskType": "scaletrain.models.task",
     "get_modules_by_type": "scaletrain.models.registry",
-    "LlamaConfig": "scaletrain.models.llama",
     "DecoderConfig": "scaletrain.models.common.config",
-    "MistralConfig": "scaletrain.models.mistral",
-    "Qwen2Config": "scaletrain.models.qwen2",
-    "Qwen3Config": "scaletrain.models.qwen3",
-    "LlamaForCausalLM": "scaletrain.models.llama",
-    "MistralForCausalLM": "scaletrain.models.mistral",
-    "Qwen2ForCausalLM": "scaletrain.models.qwen2",
-    "Qwen3ForCausalLM": "scaletrain.models.qwen3",
-    "Gemma3TextConfig": "scaletrain.models.gemma3",
-    "Gemma3ForCausalLM": "scaletrain.models.gemma3",
-    "MixtralConfig": "scaletrain.models.mixtral",
-    "Qwen3MoeConfig": "scaletrain.models.qwen3_moe",
-    "MixtralForCausalLM": "scaletrain.models.mixtral",
-    "Qwen3MoeForCausalLM": "scaletrain.models.qwen3_moe",
     "create_sharded_model": "scaletrain.models.factory",
     "AutoModelForCausalLM": "scaletrain.models.registry",
     "load_hf_checkpoint": "scaletrain.models.hf",
@@ -71,4 +57,16 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports('scaletrain', _EXPORTS, globals())
+
+
+def _family_class(name: str) -> object:
+    """A registered family's config or module class (``scaletrain.Qwen3Config``): found through the model
+    registry, so a new family's folder is all it takes; imports the models on first use only."""
+    import importlib
+
+    # by name, as _EXPORTS are: the root package sits below everything it re-exports
+    importlib.import_module("scaletrain.models")  # fills the registry
+    return importlib.import_module("scaletrain.models.common.family").family_classes().get(name)
+
+
+__getattr__, __dir__ = lazy_exports("scaletrain", _EXPORTS, globals(), fallback=_family_class)

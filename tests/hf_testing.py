@@ -16,6 +16,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+# the families' conformance configs, which other tests reuse
+from scaletrain.models.gemma3 import GEMMA3_LOCAL_GLOBAL  # noqa: F401
+from scaletrain.models.llama import LLAMA3_ROPE  # noqa: F401
+
 #: float32 parity: max |ours - theirs| / max |theirs| over the logits, as the issue asks
 TOL = 1e-4
 
@@ -30,22 +34,6 @@ TINY = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-
-#: llama3's frequency bands, with an original context (32) shorter than the tests' rows (40)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-
-#: Gemma 3's layer kinds in one small model: local, local, global (the legacy
-#: ``sliding_window_pattern`` key), windows of 8 tokens (shorter than the tests' rows and prompts),
-#: each kind its own RoPE (the global one linearly scaled by 8, as in the 4B+ configs), the
-#: attention scale 24 ** -0.5 where head_dim is 16, and logits soft-capped at 5 (random logits reach
-#: ~5, so the cap bends them); the head is tied
-GEMMA3_LOCAL_GLOBAL = dict(
-    num_hidden_layers=3, sliding_window_pattern=3, sliding_window=8, head_dim=16, query_pre_attn_scalar=24,
-    final_logit_softcapping=5.0,
-    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
-
 
 def unstacked(tree: dict) -> dict:
     """A stacked model's pure dict in the unrolled layout (``layers.stack.x[i]`` -> ``layers.i.x``), as

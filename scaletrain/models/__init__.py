@@ -1,41 +1,43 @@
 """Model configs, modules and the (model_type, task) registry.
 
-Importing this package imports every family package (``models/<family>/``), whose
-``register(...)`` call fills the registry and the config.json tables: a new family is
-one folder and one import line here.
+Importing this package imports every family package (each folder under ``models/`` but the
+shared ``common/`` and ``kernels/``), whose ``register(...)`` call fills the registry, the
+config.json tables and the conformance suite's table. The family classes registered there (config
+and modules) are exported here by name, so a new family is one folder: nothing outside it lists it.
 """
 
-from scaletrain.models.llama.config import LlamaConfig
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from scaletrain.models.common.config import DecoderConfig
+from scaletrain.models.common.family import family_classes
 from scaletrain.models.factory import create_sharded_model, mesh_for_config
-from scaletrain.models.gemma3 import Gemma3ForCausalLM, Gemma3TextConfig
-from scaletrain.models.llama import LlamaForCausalLM
-from scaletrain.models.mistral import MistralConfig, MistralForCausalLM
-from scaletrain.models.mixtral import MixtralConfig, MixtralForCausalLM
-from scaletrain.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-from scaletrain.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
-from scaletrain.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from scaletrain.models.registry import get_modules_by_type, register_module, registered_model_types
 from scaletrain.models.task import TaskType
 
-__all__ = [
-    "Gemma3ForCausalLM",
-    "Gemma3TextConfig",
-    "LlamaConfig",
-    "LlamaForCausalLM",
-    "MistralConfig",
-    "MistralForCausalLM",
-    "MixtralConfig",
-    "MixtralForCausalLM",
-    "Qwen2Config",
-    "Qwen2ForCausalLM",
-    "Qwen3Config",
-    "Qwen3ForCausalLM",
-    "Qwen3MoeConfig",
-    "Qwen3MoeForCausalLM",
+#: folders under models/ that hold shared code, not a family
+SHARED_PACKAGES = ("common", "kernels")
+
+
+def family_packages() -> list[str]:
+    """The names of the family packages under ``models/`` (found on disk, in name order)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg and m.name not in SHARED_PACKAGES)
+
+
+for _name in family_packages():
+    importlib.import_module(f"{__name__}.{_name}")
+globals().update(family_classes())
+
+__all__ = sorted({
+    *family_classes(),
+    "DecoderConfig",
     "TaskType",
     "create_sharded_model",
+    "family_packages",
     "get_modules_by_type",
     "mesh_for_config",
     "register_module",
     "registered_model_types",
-]
+})

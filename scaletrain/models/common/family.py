@@ -11,7 +11,8 @@ full wherever a model module is used.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Literal
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.hf_family import HFFamily
@@ -25,20 +26,49 @@ FAMILIES: dict[str, HFFamily] = {}
 ARCHITECTURES: dict[str, str] = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class FamilyConformance:
+    """How the conformance suite (``tests/test_families_conformance.py``) checks a family against transformers.
+
+    Why it lives beside the family: registering a family is what puts it under the suite, and the
+    tiny configuration that switches on what the family adds is knowledge of the family, so adding
+    one touches nothing outside its folder. ``hf``: transformers config overrides on top of the
+    suite's tiny base config (``tests/hf_testing.py`` ``TINY``), chosen to exercise what is particular
+    to the family (windows shorter than the test rows, biases, tied heads, several experts per token);
+    ``load``: keyword arguments of our ``from_pretrained`` (e.g. an ``ep`` mesh); ``variants``: further
+    overrides on ``TINY`` checked for logits and the export round trip only; ``lora``: which layers the
+    PEFT check adapts ("all-linear" with trained norms, or "attention": q/k/v/o only, where
+    transformers' experts are fused tensors PEFT's "all-linear" does not name as ours does).
+    """
+
+    hf: dict[str, Any] = dataclasses.field(default_factory=dict)
+    load: dict[str, Any] = dataclasses.field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    lora: Literal["all-linear", "attention"] = "all-linear"
+
+
+#: HF ``model_type`` -> how the conformance suite checks it
+CONFORMANCE: dict[str, FamilyConformance] = {}
+
+
 def register_module(model_type: str, task_type: TaskType, config_class: type, module_class: type) -> None:
     """Register a module class (and its config class) for a model type and task."""
     MODULES[(model_type, TaskType(task_type))] = (config_class, module_class)
 
 
-def register(hf: HFFamily, causal_lm: type, base_module: type | None = None) -> None:
+def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
+             conformance: FamilyConformance | None = None) -> None:
     """Register a family: its config.json mapping ``hf`` (which names the config class, whose
-    ``model_type`` is the family's) and its causal LM (and base module, where EasyDeL names one)."""
+    ``model_type`` is the family's), its causal LM (and base module, where EasyDeL names one) and how
+    the conformance suite checks it (a family without ``conformance`` fails that suite, saying so)."""
     model_type = hf.model_type
     for module in (causal_lm, base_module):
         if module is not None and module.config_class is not hf.config_class:
             raise TypeError(f"{module.__qualname__}.config_class is not {hf.config_class.__qualname__}")
     FAMILIES[model_type] = hf
     ARCHITECTURES[model_type] = hf.architecture
+    if conformance is not None:
+        CONFORMANCE[model_type] = conformance
     register_module(model_type, TaskType.CAUSAL_LM, hf.config_class, causal_lm)
     if base_module is not None:
         register_module(model_type, TaskType.BASE_MODULE, hf.config_class, base_module)
@@ -65,5 +95,12 @@ def registered_module_types(module_class: type) -> list[tuple[str, TaskType]]:
     return [key for key, (_, cls) in MODULES.items() if cls is module_class]
 
 
-__all__: list[Any] = ["ARCHITECTURES", "FAMILIES", "MODULES", "get_modules_by_type", "register", "register_module",
-                      "registered_model_types", "registered_module_types"]
+def family_classes() -> dict[str, type]:
+    """Every registered family's public classes by name (its config class and modules): what
+    :mod:`scaletrain.models` and the top-level package export, so a new family adds no name by hand."""
+    return {cls.__name__: cls for config_class, module in MODULES.values() for cls in (config_class, module)}
+
+
+__all__: list[Any] = ["ARCHITECTURES", "CONFORMANCE", "FAMILIES", "MODULES", "FamilyConformance", "family_classes",
+                      "get_modules_by_type", "register", "register_module", "registered_model_types",
+                      "registered_module_types"]

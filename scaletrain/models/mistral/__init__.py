@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from scaletrain.models.common.family import register
+from scaletrain.models.common.family import FamilyConformance, register
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse
 from scaletrain.models.llama.hf import refuse_qk_norm, swiglu_fields, swiglu_kwargs
@@ -36,6 +36,7 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 
 MISTRAL = HFFamily("MistralForCausalLM", "MistralConfig", MistralConfig, _from_hf, _to_hf)
-register(MISTRAL, MistralForCausalLM)
+# a sliding window (8) shorter than the suite's rows and prompts + generated tokens
+register(MISTRAL, MistralForCausalLM, conformance=FamilyConformance(hf=dict(sliding_window=8)))
 
 __all__ = ["MISTRAL", "MistralConfig", "MistralForCausalLM"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from scaletrain.models.common.family import register
+from scaletrain.models.common.family import FamilyConformance, register
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs
 from scaletrain.models.llama.hf import refuse_qk_norm
@@ -65,6 +65,11 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 
 MIXTRAL = HFFamily("MixtralForCausalLM", "MixtralConfig", MixtralConfig, _from_hf, _to_hf)
-register(MIXTRAL, MixtralForCausalLM)
+# top-2 of 4 experts, renormalised, a window shorter than the rows, tied head; loaded on fsdp=2 x ep=4,
+# so every check also runs the expert-parallel dispatch (of batches too small to split over ep)
+register(MIXTRAL, MixtralForCausalLM, conformance=FamilyConformance(
+    hf=dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+            sliding_window=8, tie_word_embeddings=True),
+    load=dict(sharding_axis_dims=(1, 2, 4, 1, 1)), lora="attention"))
 
 __all__ = ["MIXTRAL", "MixtralConfig", "MixtralForCausalLM"]

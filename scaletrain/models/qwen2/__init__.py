@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from scaletrain.models.common.family import register
+from scaletrain.models.common.family import FamilyConformance, register
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, uniform_window, uniform_window_to_hf
 from scaletrain.models.llama.hf import refuse_qk_norm, swiglu_fields, swiglu_kwargs
@@ -43,6 +43,10 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 
 QWEN2 = HFFamily("Qwen2ForCausalLM", "Qwen2Config", Qwen2Config, _from_hf, _to_hf)
-register(QWEN2, Qwen2ForCausalLM)
+# q/k/v biases (Qwen2's own) and a tied head
+register(QWEN2, Qwen2ForCausalLM, conformance=FamilyConformance(hf=dict(tie_word_embeddings=True), variants={
+    "sliding-window": dict(use_sliding_window=True, sliding_window=8, max_window_layers=0),
+    "head-dim": dict(head_dim=24, num_key_value_heads=1),
+}))
 
 __all__ = ["QWEN2", "Qwen2Config", "Qwen2ForCausalLM"]

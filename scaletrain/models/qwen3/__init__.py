@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from scaletrain.models.common.family import register
+from scaletrain.models.common.family import FamilyConformance, register
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, uniform_window, uniform_window_to_hf
 from scaletrain.models.llama.hf import swiglu_fields, swiglu_kwargs
@@ -51,6 +51,9 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 
 QWEN3 = HFFamily("Qwen3ForCausalLM", "Qwen3Config", Qwen3Config, _from_hf, _to_hf)
-register(QWEN3, Qwen3ForCausalLM)
+# q/k norms, head_dim 24 != hidden 64 / 4 heads, untied head
+register(QWEN3, Qwen3ForCausalLM, conformance=FamilyConformance(hf=dict(head_dim=24), variants={
+    "tied-bias": dict(tie_word_embeddings=True, attention_bias=True, head_dim=32),
+}))
 
 __all__ = ["QWEN3", "Qwen3Config", "Qwen3ForCausalLM", "qwen3_attention_to_hf"]

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import field_validator
 
-from scaletrain.models.common.family import register
+from scaletrain.models.common.family import FamilyConformance, register
 from scaletrain.models.common.config import DecoderConfig, at_least_one
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, base_hf_kwargs
 from scaletrain.models.common.moe_config import MoeConfigMixin, check_moe_hf, moe_fields
@@ -76,6 +76,9 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 
 QWEN3_MOE = HFFamily("Qwen3MoeForCausalLM", "Qwen3MoeConfig", Qwen3MoeConfig, _from_hf, _to_hf)
-register(QWEN3_MOE, Qwen3MoeForCausalLM)
+# top-3 of 8 small experts, not renormalised, head_dim != hidden / heads, attention biases
+register(QWEN3_MOE, Qwen3MoeForCausalLM, conformance=FamilyConformance(
+    hf=dict(intermediate_size=96, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3, head_dim=24,
+            norm_topk_prob=False, attention_bias=True, router_aux_loss_coef=0.05), lora="attention"))
 
 __all__ = ["QWEN3_MOE", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"]
