@@ -41,6 +41,7 @@ def load_checkpoint_model(
     """
     from scaletrain.arguments import TrainingArguments
     from scaletrain.models import get_modules_by_type
+    from scaletrain.peft.lora import join_trainable
     from scaletrain.training.checkpoint import Checkpointer, resolve_checkpoint
     from scaletrain.training.lora_state import base_record, check_lora_base
 
@@ -66,19 +67,12 @@ def load_checkpoint_model(
             graphdef, params, frozen = _abstract_model(module_class, config, dtype, param_dtype, precision)
         else:
             graphdef, params, frozen = _lora_model(module_class, config, args, dtype, param_dtype, precision)
-        check_lora_base(meta.get("lora"), base_record(_merge(graphdef, params, frozen), frozen),
+        check_lora_base(meta.get("lora"), base_record(join_trainable(graphdef, params, frozen), frozen),
                         checkpointer.path(step))
         params = checkpointer.restore_params(step, params)
     finally:
         checkpointer.close()
-    return _merge(graphdef, params, frozen), meta
-
-
-def _merge(graphdef: Any, params: Any, frozen: Any) -> Any:
-    """The module of ``params`` (and, for LoRA, its frozen base), as ``TrainState.model`` builds it."""
-    from flax import nnx
-
-    return nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
+    return join_trainable(graphdef, params, frozen), meta
 
 
 def _abstract_model(module_class: type, config: Any, dtype: Any, param_dtype: Any,

@@ -38,6 +38,7 @@ from scaletrain.generation.sampling import inverse_temperature, pick_tokens, row
 from scaletrain.models.common.decoder import constrain
 from scaletrain.models.kernels.attention import KVCache
 from scaletrain.parallel.partition import active_axis_size
+from scaletrain.peft.lora import join_trainable
 
 Array = jax.Array
 
@@ -106,10 +107,6 @@ def model_key(model: nnx.Module) -> tuple[str, ...]:
     )
 
 
-def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
-    return nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
-
-
 def _mesh_of(tree: Any) -> Any:
     """The mesh the first array of ``tree`` is laid out on (None for single-device arrays)."""
     for leaf in jax.tree.leaves(tree):
@@ -157,7 +154,7 @@ class RolloutEngine:
                       new: int, greedy: bool, top_k: int | None, use_top_p: bool) -> Rollout:
         """Prefill, then decode until every row stopped or ``new`` tokens are out."""
         self.traces += 1  # runs only while tracing: one per compilation
-        model = _merge(self.graphdef, params, frozen)
+        model = join_trainable(self.graphdef, params, frozen)
         pa = model.config.partition_axis
         b, p = input_ids.shape
         input_ids = constrain(input_ids, (pa.batch_axis, None))
@@ -227,7 +224,7 @@ def engine_for(graphdef: Any, params: Any, frozen: Any = None) -> RolloutEngine:
     known = _BY_ID.get(id(graphdef))
     if known is not None and known[0] is graphdef:
         return known[1]
-    model = _merge(graphdef, params, frozen)
+    model = join_trainable(graphdef, params, frozen)
     key = model_key(model)
     engine = _ENGINES.get(key)
     if engine is None:

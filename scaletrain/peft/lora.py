@@ -42,7 +42,7 @@ from scaletrain.models.common.scanned_layers import LAYER_AXIS, per_layer_names
 from scaletrain.parallel.partition import shardings_for_state
 
 __all__ = ["LoRAConfig", "LoRADense", "LoRAParam", "QuantizedWeight", "apply_lora", "dense_layers", "linear_paths",
-           "lora_config_of", "merge_lora", "split_trainable", "target_paths", "trainable_count", "unrolled_paths"]
+           "join_trainable", "lora_config_of", "merge_lora", "split_trainable", "target_paths", "trainable_count", "unrolled_paths"]
 
 #: Linear layers that never get an adapter or a quantised weight (PEFT's all-linear skips the output layer).
 OUTPUT_LAYER = "lm_head"
@@ -260,7 +260,7 @@ def _trainable_var(config: LoRAConfig, var: nnx.Variable) -> bool:
 def split_trainable(model: nnx.Module) -> tuple[Any, Any, Any]:
     """``(graphdef, trainable, frozen)`` as pure dicts; ``frozen`` is None for a model without LoRA.
 
-    ``nnx.merge(graphdef, trainable, frozen)`` rebuilds the model.
+    :func:`join_trainable` rebuilds the model.
     """
     config = lora_config_of(model)
     if config is None:
@@ -268,6 +268,14 @@ def split_trainable(model: nnx.Module) -> tuple[Any, Any, Any]:
         return graphdef, nnx.to_pure_dict(state), None
     graphdef, trainable, frozen = nnx.split(model, lambda _, var: _trainable_var(config, var), ...)
     return graphdef, nnx.to_pure_dict(trainable), nnx.to_pure_dict(frozen)
+
+
+def join_trainable(graphdef: Any, trainable: Any, frozen: Any = None) -> nnx.Module:
+    """The module of ``trainable`` and, for LoRA, its frozen base (None without LoRA): the inverse of
+    :func:`split_trainable`. The adapters stay unmerged (:func:`merge_lora` folds them in); it shares the
+    arrays, so it is cheap inside a jitted function. Why one function: the trainer, the rollout engine and
+    the export all rebuild the model this way, and a second spelling could drop the base."""
+    return nnx.merge(graphdef, trainable, *(() if frozen is None else (frozen,)))
 
 
 def trainable_count(model: nnx.Module) -> int:

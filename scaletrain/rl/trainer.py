@@ -27,7 +27,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
@@ -59,6 +58,7 @@ from scaletrain.rl.scoring import (
     objective_batch,
 )
 from scaletrain.parallel.partition import axis_names
+from scaletrain.peft.lora import join_trainable
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.checkpoint import Checkpointer, read_meta
 from scaletrain.training.metrics import peak_flops_per_device
@@ -93,10 +93,6 @@ class _Scored:
     index: int
     update_flops: float | None = None  # model FLOPs of one update on this batch (rl/flops.py); None: not known
     update_tokens: float = 0.0  # the real tokens (prompt + completion) the update reads
-
-
-def _merge(graphdef: Any, params: Any, frozen: Any) -> nnx.Module:
-    return nnx.merge(graphdef, params, *(() if frozen is None else (frozen,)))
 
 
 def _one_of(**named: Any) -> Any:
@@ -237,11 +233,11 @@ class GRPOTrainer(Trainer):
 
         def policy_logps(params: Any, frozen: Any, ids: jax.Array, seg: jax.Array, pos: jax.Array,
                          width: int) -> jax.Array:
-            return completion_token_stats(_merge(graphdef, params, frozen), ids, seg, pos, width, temperature)[0]
+            return completion_token_stats(join_trainable(graphdef, params, frozen), ids, seg, pos, width, temperature)[0]
 
         def reference_logps(params: Any, frozen: Any, reference: Any, ids: jax.Array, seg: jax.Array,
                             pos: jax.Array, width: int) -> jax.Array:
-            model = reference.model if reference is not None else adapters_off(_merge(graphdef, params, frozen))
+            model = reference.model if reference is not None else adapters_off(join_trainable(graphdef, params, frozen))
             return completion_token_stats(model, ids, seg, pos, width, temperature)[0]
 
         self._policy_logps = jax.jit(policy_logps, static_argnames="width")

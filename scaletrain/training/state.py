@@ -19,7 +19,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaletrain.peft.lora import split_trainable
+from scaletrain.peft.lora import join_trainable, split_trainable
 from scaletrain.parallel.host import BLOCK_BYTES, host_blocks
 
 
@@ -57,7 +57,7 @@ class TrainState:
     @property
     def model(self) -> nnx.Module:
         """The module with this state's parameters (cheap: shares the arrays)."""
-        return nnx.merge(self.graphdef, self.params, *(() if self.frozen is None else (self.frozen,)))
+        return join_trainable(self.graphdef, self.params, self.frozen)
 
     @property
     def num_params(self) -> int:

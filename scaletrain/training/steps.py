@@ -25,6 +25,7 @@ from scaletrain.key_paths import key_names
 from scaletrain.models.common.scanned_layers import stacked_axes
 from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen, with_batch_totals
 from scaletrain.parallel.partition import active_platform
+from scaletrain.peft.lora import join_trainable
 from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -41,7 +42,7 @@ GUARD = "auto"
 
 def _model(state: TrainState, params: Any) -> nnx.Module:
     """The module of ``params`` (and, for LoRA, the frozen base merged in but not differentiated)."""
-    return nnx.merge(state.graphdef, params, *(() if state.frozen is None else (state.frozen,)))
+    return join_trainable(state.graphdef, params, state.frozen)
 
 
 def _frozen(state: TrainState, objective: Objective) -> dict[str, Any]:
