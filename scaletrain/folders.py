@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -37,6 +38,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from scaletrain.errors import ConfigError
 
@@ -245,3 +247,25 @@ def staged(out_dir: str, marker: str) -> Iterator[str]:
     except BaseException:
         folder.discard()  # after a swap, the staging name holds the previous folder or nothing
         raise
+
+
+def write_atomic(path: str, content: str | bytes) -> None:
+    """Write one file so that a reader sees the old file or the new one, never half of it.
+
+    The bytes go to a sibling named for this process (two writers never share one) and are renamed
+    over ``path``; a write that fails removes its sibling. The file gets the modes any file gets.
+    """
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb" if isinstance(content, bytes) else "w") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """:func:`write_atomic` of ``obj`` as indented JSON with sorted keys (numpy numbers written as floats)."""
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=float))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from scaletrain.errors import CheckpointError, ConfigError
+from scaletrain.folders import write_atomic
 
 _PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs", "s3a": "s3fs", "az": "adlfs", "abfs": "adlfs"}
 
@@ -85,9 +86,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     local = local_path(path)
     if local is not None:
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        with open(local + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(local + ".tmp", local)
+        write_atomic(local, text)
         return
     check_storage(path, "path")
     import fsspec

@@ -17,6 +17,7 @@ from typing import Any
 
 from scaletrain.compile_cache import enable_compilation_cache
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
+from scaletrain.folders import write_atomic
 from scaletrain.recipe import Recipe
 
 logger = logging.getLogger("scaletrain")
@@ -294,9 +295,9 @@ def _run_files_writer(recipe: Recipe, out: str, data_stats: dict[str, Any]) -> A
 
         def pre_train(self, trainer: Any, state: Any) -> None:
             if trainer.is_main_process:
-                write_text_atomic(os.path.join(out, "recipe.yaml"),
+                write_atomic(os.path.join(out, "recipe.yaml"),
                                   changes_header(trainer.changes_on_resume) + recipe.to_yaml())
-                write_text_atomic(os.path.join(out, "data_stats.json"),
+                write_atomic(os.path.join(out, "data_stats.json"),
                                   json.dumps(data_stats, indent=2, sort_keys=True, default=float))
 
     return WriteRunFiles()
@@ -307,14 +308,6 @@ def changes_header(changes: list[dict[str, Any]]) -> str:
     file shows the values the run trains with now, and must not pass them off as those of its first steps."""
     return "".join(f"# changed on resume after step {c['after_step']}: {c['key']} {json.dumps(c['old'])} -> "
                    f"{json.dumps(c['new'])}\n" for c in changes)
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    """Write ``text`` so that a reader sees the old file or the new one, never half of it."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def sample_text(model: Any, tokenizer: Any, recipe: Recipe) -> str:

@@ -140,3 +140,17 @@ def test_a_folder_made_at_the_path_during_an_export_is_refused_not_swapped_away(
             (out / "precious.txt").write_text("keep")
             (tmp_path / tmp / EXPORT_MARKER).write_text("{}")
     assert (out / "precious.txt").read_text() == "keep" and _hidden(tmp_path) == []
+
+
+def test_write_atomic_leaves_the_old_file_when_a_write_fails(tmp_path):
+    """A reader sees the old file or the new one: a write that fails midway keeps the old bytes and leaves no
+    sibling behind (what summary.json, recipe.yaml and the stored log-probs are written with)."""
+    from scaletrain.folders import write_atomic, write_json_atomic
+
+    path = tmp_path / "summary.json"
+    write_json_atomic(str(path), {"loss": 1.5})
+    with pytest.raises(TypeError):
+        write_atomic(str(path), None)  # type: ignore[arg-type]  # fails after the sibling is opened
+    assert path.read_text() == '{\n  "loss": 1.5\n}' and os.listdir(tmp_path) == ["summary.json"]
+    write_atomic(str(path), b"new")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["summary.json"]

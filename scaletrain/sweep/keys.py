@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from scaletrain.errors import ConfigError
-from scaletrain.training.outputs import read_summary, write_json_atomic
+from scaletrain.folders import write_json_atomic
+from scaletrain.training.outputs import read_summary
 
 RECORD_FILE = "sweep-member.json"
 IGNORED_SECTIONS = ("sweep", "ray", "launch", "eval_harness")  # eval_harness scores, it never changes what is trained

@@ -30,7 +30,8 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.recipe import Recipe, apply_overrides
 from scaletrain.sweep.keys import keyed_recipe, record_member, refuse_or_move, stale_member
-from scaletrain.training.outputs import read_summary, write_json_atomic
+from scaletrain.folders import write_json_atomic
+from scaletrain.training.outputs import read_summary
 
 logger = logging.getLogger("scaletrain")
 

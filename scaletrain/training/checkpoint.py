@@ -27,7 +27,7 @@ from typing import Any
 import jax
 
 from scaletrain.errors import CheckpointError
-from scaletrain.folders import exchange
+from scaletrain.folders import exchange, write_atomic
 from scaletrain.training.disk_full import no_room, quiet_no_room_noise
 from scaletrain.training.restore_checks import fit_error, unreadable
 
@@ -223,10 +223,7 @@ class Checkpointer:
     def _store_scores(self) -> None:
         if jax.process_index() != 0:
             return
-        tmp = self._scores_path() + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({str(k): v for k, v in self._scores.items()}, f)
-        os.replace(tmp, self._scores_path())
+        write_atomic(self._scores_path(), json.dumps({str(k): v for k, v in self._scores.items()}))
 
     # ---- restore --------------------------------------------------------------
     def read_meta(self, step: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from scaletrain.folders import write_json_atomic
 from scaletrain.training.optim import resolved_learning_rate_end
 
 SUMMARY_FILE = "summary.json"
@@ -27,14 +28,6 @@ _launch_description: list[str | None] = [None]
 def set_launch_description(text: str | None) -> None:
     """Name the backend, process count and coordinator in the plan of the runs this process starts."""
     _launch_description[0] = text
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write ``obj`` as JSON so that a reader sees the old file or the new one, never half."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=float)
-    os.replace(tmp, path)
 
 
 def write_summary(output_dir: str, summary: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ reference is dropped once the pass is done.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import zipfile
@@ -22,6 +23,7 @@ import numpy as np
 
 from scaletrain.data.table import FixedRows
 from scaletrain.errors import CheckpointError, DataError
+from scaletrain.folders import write_atomic
 
 logger = logging.getLogger("scaletrain")
 FOLDER = "reference_logps"
@@ -77,9 +79,9 @@ def store(path: str, values: Mapping[str, np.ndarray], rows: int, digest: str) -
     if jax.process_index() != 0:
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}.npz"
-    np.savez(tmp, rows=np.int64(rows), reference_sha256=np.str_(digest), **values)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, rows=np.int64(rows), reference_sha256=np.str_(digest), **values)
+    write_atomic(path, buffer.getvalue())
 
 
 def compute(batches: Any, score: Callable[[dict[str, Any]], dict[str, Any]], place: Callable[[dict], dict],

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from scaletrain.folders import write_atomic
 from scaletrain.training.callbacks import Callback, StepOutput
 from scaletrain.training.protocol import TrainerView
 
@@ -93,10 +94,7 @@ class DriverSignals:
             raise SystemExit(128 + signum)
         self.requested = name
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"signal": name, "time": time.time(), "pid": os.getpid()}, f)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps({"signal": name, "time": time.time(), "pid": os.getpid()}))
         _say(f"scaletrain: received {name}: the Ray workers will save a checkpoint and stop at their next "
              f"log step (send it again to stop at once)\n")
 

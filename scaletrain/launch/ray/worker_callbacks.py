@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from scaletrain.training.outputs import write_json_atomic
+from scaletrain.folders import write_json_atomic
 from scaletrain.training.protocol import TrainerView
 
 PLACEMENT_FILE = "placement-{rank}.json"  # under <output_dir>/ray, one per process
