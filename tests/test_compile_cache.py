@@ -92,3 +92,21 @@ def test_a_second_run_loads_every_program_the_first_compiled_fast_ones_included(
     theirs = tmp_path / "theirs"
     _counting_run(theirs, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="60")
     assert not [p for p in theirs.iterdir() if not p.name.endswith("-atime")]  # nothing took 60 s: nothing written
+
+
+def test_program_cache_builds_once_per_key_and_keeps_the_most_recent():
+    """The rollout engines and the evaluation scorers share one bounded cache: a key is built once while it
+    stays, and past ``max_size`` the least recently used goes (a sweep does not keep every model's programs)."""
+    from scaletrain.compile_cache import ProgramCache
+
+    builds = []
+    cache = ProgramCache(2)
+
+    def get(key):
+        return cache.get(key, lambda: builds.append(key) or f"program {key}")
+
+    assert [get("a"), get("b"), get("a")] == ["program a", "program b", "program a"]
+    get("c")  # "b" is the least recently used now
+    get("a")
+    get("b")
+    assert builds == ["a", "b", "c", "b"] and len(cache) == 2

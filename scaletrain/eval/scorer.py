@@ -10,39 +10,31 @@ padding after it. The forward runs on the model's own mesh, rows split over ``dp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from scaletrain.compile_cache import ProgramCache, model_key
+from scaletrain.generation.buckets import round_up_pow2
+
 #: the shortest bucket: shorter rows cost no more than this to pad, and a task gets fewer shapes
 MIN_BUCKET = 16
 
-_SCORERS: dict[tuple[Any, ...], Any] = {}
+#: one jitted scorer per model graph (:func:`model_key`): a new state of the same model (in-loop evaluation)
+#: reuses it
+_SCORERS: ProgramCache[Any] = ProgramCache(8)
 
 
 def bucket(length: int, cap: int) -> int:
-    """The padded length of a batch whose longest row is ``length``: the next power of two, capped."""
-    size = MIN_BUCKET
-    while size < length:
-        size *= 2
-    return max(min(size, cap), length)
+    """The padded length of a batch whose longest row is ``length``: the next power of two (the rollout
+    engine's bucketing), capped."""
+    return max(min(round_up_pow2(length, MIN_BUCKET), cap), length)
 
 
-def model_key(model: Any) -> tuple[Any, ...]:
-    """What fixes the compiled forward: the module's class, config, dtypes and adapters (not its weights),
-    so a new state of the same model (in-loop evaluation) reuses the compiled scorer."""
-    return (type(model).__module__, type(model).__qualname__,
-            json.dumps(model.config.to_dict(), sort_keys=True, default=str), str(getattr(model, "dtype", None)),
-            str(getattr(model, "param_dtype", None)), repr(getattr(model, "lora_config", None)))
-
-
-def _scorer(graphdef: Any, key: tuple[Any, ...]) -> Any:
-    """``f(state, ids [B, T], targets [B, T]) -> (log p(target) [B, T], target is the argmax [B, T])``, jitted once
-    per model key (and then once per shape)."""
-    if key in _SCORERS:
-        return _SCORERS[key]
+def _scorer(graphdef: Any) -> Any:
+    """``f(state, ids [B, T], targets [B, T]) -> (log p(target) [B, T], target is the argmax [B, T])``, jitted
+    (then compiled once per shape)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -56,8 +48,7 @@ def _scorer(graphdef: Any, key: tuple[Any, ...]) -> Any:
         picked = target - jax.nn.logsumexp(logits, axis=-1)
         return picked, jnp.argmax(logits, axis=-1) == targets
 
-    _SCORERS[key] = jax.jit(score)
-    return _SCORERS[key]
+    return jax.jit(score)
 
 
 class TokenScorer:
@@ -75,7 +66,7 @@ class TokenScorer:
         self.batch_size = -(-max(int(batch_size), 1) // rows) * rows  # a whole number of rows per device
         self.max_length = int(max_length or getattr(self.model.config, "max_position_embeddings", 2048))
         graphdef, self.state = nnx.split(self.model)
-        self._fn = _scorer(graphdef, model_key(self.model))
+        self._fn = _SCORERS.get(model_key(self.model), lambda: _scorer(graphdef))
         self._sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(("dp", "fsdp")))
         self.shapes_seen: set[tuple[int, int]] = set()
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -33,6 +31,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from scaletrain.compile_cache import ProgramCache, model_key
 from scaletrain.generation.buckets import PaddedBatch, as_rows, bucket
 from scaletrain.generation.sampling import inverse_temperature, pick_tokens, row_keys, sampling_problem
 from scaletrain.models.common.decoder import constrain
@@ -90,21 +89,6 @@ class Rollout(NamedTuple):
     lengths: Array
     truncated: Array
     steps: Array
-
-
-def model_key(model: nnx.Module) -> tuple[str, ...]:
-    """What makes two models' graphs equal (class, config, dtypes, LoRA setup): models with equal keys
-    share one engine and so one compiled program per bucket."""
-    return (
-        type(model).__module__,
-        type(model).__qualname__,
-        json.dumps(model.config.to_dict(), sort_keys=True, default=str),
-        str(getattr(model, "dtype", None)),
-        str(getattr(model, "param_dtype", None)),
-        str(getattr(model, "precision", None)),
-        # a LoRA / QLoRA model's graph differs from its base's (adapters, quantised kernels)
-        repr(getattr(model, "lora_config", None)),
-    )
 
 
 def _mesh_of(tree: Any) -> Any:
@@ -211,30 +195,26 @@ def sharded_cache(model: nnx.Module, batch: int, length: int) -> Any:
     return [KVCache(*(constrain(x, spec) for x in layer)) for layer in cache]
 
 
-_ENGINES: OrderedDict[Any, RolloutEngine] = OrderedDict()
+_MAX_ENGINES = 8
+_ENGINES: ProgramCache[RolloutEngine] = ProgramCache(_MAX_ENGINES)
 #: the last graph definitions seen, by identity (a TrainState keeps one graphdef for the whole run),
 #: each kept alive beside its engine so that its id cannot be reused
-_BY_ID: OrderedDict[int, tuple[Any, RolloutEngine]] = OrderedDict()
-_MAX_ENGINES = 8
+_BY_ID: ProgramCache[tuple[Any, RolloutEngine]] = ProgramCache(_MAX_ENGINES)
 
 
 def engine_for(graphdef: Any, params: Any, frozen: Any = None) -> RolloutEngine:
     """The engine of ``graphdef``'s model, shared by every graph equal to it (:func:`model_key`), so a
     rebuilt or reloaded model of the same architecture reuses the compiled programs."""
-    known = _BY_ID.get(id(graphdef))
-    if known is not None and known[0] is graphdef:
-        return known[1]
-    model = join_trainable(graphdef, params, frozen)
-    key = model_key(model)
-    engine = _ENGINES.get(key)
-    if engine is None:
-        engine = _ENGINES[key] = RolloutEngine(graphdef, model.config.partition_axis.batch_axis)
-    _ENGINES.move_to_end(key)
-    _BY_ID[id(graphdef)] = (graphdef, engine)
-    for table in (_ENGINES, _BY_ID):
-        while len(table) > _MAX_ENGINES:
-            table.popitem(last=False)
-    return engine
+    def by_model() -> tuple[Any, RolloutEngine]:
+        model = join_trainable(graphdef, params, frozen)
+        return graphdef, _ENGINES.get(model_key(model),
+                                      lambda: RolloutEngine(graphdef, model.config.partition_axis.batch_axis))
+
+    known = _BY_ID.get(id(graphdef), by_model)
+    if known[0] is not graphdef:  # an id reused after its graph was garbage-collected: replace the entry
+        _BY_ID.drop(id(graphdef))
+        known = _BY_ID.get(id(graphdef), by_model)
+    return known[1]
 
 
 def split_source(source: Any) -> tuple[Any, Any, Any]:
