@@ -122,7 +122,7 @@ def test_config_validation_names_the_field(tiny_config_kwargs):
     with pytest.raises(ValueError, match="num_key_value_heads"):
         LlamaConfig(**{**tiny_config_kwargs, "num_key_value_heads": 3})
     with pytest.raises(ValueError, match="rope_scaling"):
-        LlamaConfig(**tiny_config_kwargs, rope_scaling={"type": "yarn", "factor": 2})
+        LlamaConfig(**tiny_config_kwargs, rope_scaling={"type": "dynamic", "factor": 2})
 
 
 def test_bf16_compute_keeps_fp32_params(tiny_config_kwargs):

@@ -127,13 +127,15 @@ class Source(NamedTuple):
     stacked: int
 
 
-def hf_source(name: str, shape: tuple[int, ...]) -> Source:
-    """The :class:`Source` of our parameter ``name`` of ``shape``."""
+def hf_source(name: str, shape: tuple[int, ...], experts_whole: bool = False) -> Source:
+    """The :class:`Source` of our parameter ``name`` of ``shape``. ``experts_whole``: the family stores its experts
+    as the stacked tensors we hold, under our names (GPT-OSS: ``experts.gate_up_proj`` [E, in, out]), not one
+    linear per expert (the config's ``experts_stored_whole``)."""
     layers = per_layer_names(name, shape[0]) if shape else None
     if layers is not None:  # model.layers.stack.<rest>: layer i's tensors are those of model.layers.<i>.<rest>
-        each = [hf_source(layer, shape[1:]) for layer in layers]
+        each = [hf_source(layer, shape[1:], experts_whole) for layer in layers]
         return Source(tuple(t for s in each for t in s.tensors), each[0].transpose, each[0].stacked + 1)
-    experts = expert_tensor_names(name, shape[0]) if shape else None
+    experts = expert_tensor_names(name, shape[0]) if shape and not experts_whole else None
     if experts is not None:
         return Source(experts, True, 1)
     hf, transpose = hf_tensor_name(name)
@@ -226,7 +228,8 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig,
     """Our parameter name -> its :class:`Source`; CheckpointError if the files lack a tensor
     or hold a tensor this model_type does not use."""
     flat = jax.tree_util.tree_flatten_with_path(targets)[0]
-    needed = {_path_name(p): hf_source(_path_name(p), tuple(t.shape)) for p, t in flat}
+    whole = getattr(config, "experts_stored_whole", False)
+    needed = {_path_name(p): hf_source(_path_name(p), tuple(t.shape), whole) for p, t in flat}
     used = {hf for source in needed.values() for hf in source.tensors}
     missing = sorted(hf for hf in used if hf not in files)
     if missing:
@@ -302,8 +305,9 @@ def prepare_destination(out_dir: str) -> None:
 
 def _iter_hf_tensors(model: nnx.Module) -> Iterator[tuple[str, jax.Array, bool]]:
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    whole = getattr(model.config, "experts_stored_whole", False)
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        source = hf_source(_path_name(path), tuple(leaf.shape))
+        source = hf_source(_path_name(path), tuple(leaf.shape), whole)
         for e, hf in enumerate(source.tensors):
             yield hf, (leaf[np.unravel_index(e, leaf.shape[:source.stacked])] if source.stacked else leaf), \
                 source.transpose

@@ -19,7 +19,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.models.common.config import DecoderConfig
 
 #: RoPE types :func:`scaletrain.models.kernels.attention.rope_inv_freq` computes.
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 #: ``refuse(what)``: the ConfigError for an export that transformers cannot express.
 Refuse = Callable[[str], ConfigError]

@@ -174,8 +174,8 @@ class DecoderConfig(PlacementConfig):
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only {' or '.join(self.activations)})")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in ("linear", "llama3", "default"):
-                raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+            if kind not in ("linear", "llama3", "yarn", "default"):
+                raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3, yarn)")
         return self
 
     @field_validator("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

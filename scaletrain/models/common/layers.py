@@ -22,6 +22,7 @@ from scaletrain.models.kernels.attention import (
     KVCache,
     PackedSegments,
     apply_rope,
+    rope_attention_factor,
     causal_blocks,
     dot_product_attention,
     fused_attention,
@@ -53,8 +54,12 @@ class Attention(nnx.Module):
         self.o_proj = Dense(nq * d, h, ("heads", "embed"), use_bias=config.attention_bias, **kw)
         self.q_norm = self._head_norm(config, dtype, param_dtype)
         self.k_norm = self._head_norm(config, dtype, param_dtype)
-        # softmax scale; None is 1/sqrt(head_dim) (Gemma 3 sets query_pre_attn_scalar ** -0.5)
-        self.scale: float | None = None
+        # softmax scale; None is 1/sqrt(head_dim) (Gemma 3 sets query_pre_attn_scalar ** -0.5); YaRN's attention
+        # factor scales the rotated queries and keys, so the scores by its square
+        factor = rope_attention_factor(config)
+        self.scale: float | None = None if factor == 1.0 else factor**2 / d**0.5
+        # one learned logit per query head in every softmax's denominator (GPT-OSS); None: none
+        self.sinks = self._sink_param(config, param_dtype, rngs)
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
         self.dtype = dtype
         self.precision = precision
@@ -105,7 +110,8 @@ class Attention(nnx.Module):
                 out = self._attend(q, k, v, inputs.mask)
             else:
                 out = dot_product_attention(q, keys, values, inputs.mask, self.softmax_dtype, self.precision,
-                                            scale=self.scale, pin_keys=active_platform() == "cpu")
+                                            scale=self.scale, pin_keys=active_platform() == "cpu",
+                                            sinks=self._sink_logits())
         else:
             out = checkpoint_name(self._attend(q, k, v, inputs.mask), ATTENTION_OUTPUT)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
@@ -113,19 +119,34 @@ class Attention(nnx.Module):
     def _attend(self, q: Array, k: Array, v: Array, mask: Any) -> Array:
         """The training attention: the flash kernel, cuDNN, or the einsum path (see ``training_mechanism``)."""
         sequence_split = active_axis_size(self.sequence_axis) > 1
+        sinks = self._sink_logits()
         if isinstance(mask, PackedSegments):  # the flash kernel (see flash_sharding.training_mechanism)
+            if sinks is not None:
+                raise ConfigError("model.attn_mechanism: 'pallas' does not compute attention sinks (gpt_oss); "
+                                  "use 'auto'")
             if problem := self._head_split_problem():
                 raise ConfigError(f"model.attn_mechanism: 'pallas' {problem}; use 'auto'")
             return sharded_flash_attention(q, k, v, mask.ids, scale=self.scale, batch_axis=self.batch_axis,
                                            sequence_axis=self.sequence_axis, head_axis=self.head_axes[0],
                                            kv_head_axis=self.head_axes[1], window=mask.window, zigzag=mask.zigzag)
-        if use_fused_attention(self.mechanism, q.dtype, self.head_dim, self._cudnn_sharding_problem(sequence_split)):
+        if sinks is not None and self.mechanism == "cudnn":
+            raise ConfigError("model.attn_mechanism: 'cudnn' does not compute attention sinks (gpt_oss); use 'auto'")
+        if sinks is None and use_fused_attention(self.mechanism, q.dtype, self.head_dim,
+                                                 self._cudnn_sharding_problem(sequence_split)):
             return fused_attention(q, k, v, mask, scale=self.scale)
         # query blocks slice the sequence: not where it is split over devices (sp)
         t = q.shape[1]
         blocks = 1 if sequence_split else causal_blocks(t, t)
         return dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks,
-                                     scale=self.scale)
+                                     scale=self.scale, sinks=sinks)
+
+    def _sink_logits(self) -> Array | None:
+        """The attention sinks [heads] in float32, or None for a layer without."""
+        return None if self.sinks is None else self.sinks[...].astype(jnp.float32)
+
+    def _sink_param(self, config: DecoderConfig, param_dtype: Any, rngs: nnx.Rngs) -> nnx.Param | None:
+        """The attention sinks [heads] of a family that has them (GPT-OSS), else None."""
+        return None
 
     def _head_norm(self, config: DecoderConfig, dtype: Any, param_dtype: Any) -> nnx.Module | None:
         """Qwen3's norm over head_dim for q or k, applied before RoPE (None unless ``qk_norm``)."""

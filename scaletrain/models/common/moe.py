@@ -29,6 +29,7 @@ of the router logits, over non-padding tokens) give transformers'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -42,6 +43,9 @@ from scaletrain.models.common.placement import active_placement
 from scaletrain.parallel.partition import active_axis_size, active_sharding_axes, axis_names
 
 Array = jax.Array
+#: ``grouped(rows, group_sizes, kernels, precision)``: the experts over rows sorted by expert, ``group_sizes[e]``
+#: rows each, rows past their sum zero (:func:`grouped_swiglu`; GPT-OSS's biased, clamped SwiGLU)
+GroupedExperts = Callable[[Array, Array, tuple[Array, ...], Any], Array]
 
 
 class RouterStats(NamedTuple):
@@ -148,20 +152,21 @@ def _combine(y: Array, weights: Array) -> Array:
     return jnp.sum(y.reshape(n, k, -1) * weights[..., None].astype(y.dtype), axis=1)
 
 
-def dispatch_local(x: Array, experts: Array, weights: Array, kernels: tuple[Array, Array, Array],
-                   precision: Any) -> Array:
+def dispatch_local(x: Array, experts: Array, weights: Array, kernels: tuple[Array, ...],
+                   precision: Any, grouped: GroupedExperts = grouped_swiglu) -> Array:
     """Expert outputs for tokens ``x`` [n, H] routed to ``experts``/``weights`` [n, k], all experts here."""
     n, k = experts.shape
     num_experts = kernels[0].shape[0]
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-    y = grouped_swiglu(x[order // k], sizes, kernels, precision)
+    y = grouped(x[order // k], sizes, kernels, precision)
     return _combine(y[_inverse(order)], weights)
 
 
-def dispatch_all_to_all(x: Array, experts: Array, weights: Array, kernels: tuple[Array, Array, Array],
-                        precision: Any, axis: tuple[str, ...], ep: int) -> Array:
+def dispatch_all_to_all(x: Array, experts: Array, weights: Array, kernels: tuple[Array, ...],
+                        precision: Any, axis: tuple[str, ...], ep: int,
+                        grouped: GroupedExperts = grouped_swiglu) -> Array:
     """:func:`dispatch_local` with the experts split over ``axis`` (``ep`` devices, ``E/ep`` each).
 
     Each device sorts its own assignments by expert (so by destination), sends
@@ -189,15 +194,16 @@ def dispatch_all_to_all(x: Array, experts: Array, weights: Array, kernels: tuple
     bounds = jnp.cumsum(recv_counts, axis=1)
     row_expert = jnp.sum(slot[None, :, None] >= bounds[:, None, :], axis=-1).reshape(-1)
     regroup = jnp.argsort(row_expert, stable=True)
-    y = grouped_swiglu(received[regroup], recv_counts.sum(axis=0), kernels, precision)
+    y = grouped(received[regroup], recv_counts.sum(axis=0), kernels, precision)
     returned = lax.all_to_all(y[_inverse(regroup)], axis, 0, 0, tiled=True)  # block r: from expert device r
     dest = sorted_experts // local
     y_sorted = returned[dest * cap + (jnp.arange(cap, dtype=jnp.int32) - dest_start[dest])]
     return _combine(y_sorted[_inverse(order)], weights)
 
 
-def dispatch_replicated(x: Array, experts: Array, weights: Array, kernels: tuple[Array, Array, Array],
-                        precision: Any, axis: tuple[str, ...], ep: int) -> Array:
+def dispatch_replicated(x: Array, experts: Array, weights: Array, kernels: tuple[Array, ...],
+                        precision: Any, axis: tuple[str, ...], ep: int,
+                        grouped: GroupedExperts = grouped_swiglu) -> Array:
     """Every ``ep`` device holds the same tokens: each runs its own experts, outputs summed over ``axis``."""
     n, k = experts.shape
     local = kernels[0].shape[0]
@@ -207,14 +213,15 @@ def dispatch_replicated(x: Array, experts: Array, weights: Array, kernels: tuple
     key = jnp.mod(flat - first, local * ep)
     order = jnp.argsort(key, stable=True)
     sizes = jnp.bincount(key, length=local * ep)[:local].astype(jnp.int32)
-    y = grouped_swiglu(x[order // k], sizes, kernels, precision)
+    y = grouped(x[order // k], sizes, kernels, precision)
     return lax.psum(_combine(y[_inverse(order)], weights), axis)
 
 
-def dispatch(x: Array, experts: Array, weights: Array, kernels: tuple[Array, Array, Array], precision: Any,
-             partition_axis: Any) -> Array:
+def dispatch(x: Array, experts: Array, weights: Array, kernels: tuple[Array, ...], precision: Any,
+             partition_axis: Any, grouped: GroupedExperts = grouped_swiglu) -> Array:
     """Expert outputs [B, T, H] for ``x`` [B, T, H] routed to ``experts``/``weights`` [B, T, k].
 
+    ``kernels`` are the experts' stacked parameters (leading axis E), which ``grouped`` runs.
     Outside a mesh: :func:`dispatch_local`. Under one: ``shard_map`` over the tokens
     each device holds, split further over the mesh axes that do not split them yet
     (``ep`` first, then ``tp``, ...) where the batch divides, with
@@ -224,7 +231,7 @@ def dispatch(x: Array, experts: Array, weights: Array, kernels: tuple[Array, Arr
     b, t, h = x.shape
     if jax.sharding.get_abstract_mesh().empty:
         out = dispatch_local(x.reshape(b * t, h), experts.reshape(b * t, -1), weights.reshape(b * t, -1),
-                             kernels, precision)
+                             kernels, precision, grouped)
         return out.reshape(b, t, h)
     num_experts = kernels[0].shape[0]
     ep_axes = tuple(a for a in axis_names(partition_axis.expert_axis) if active_axis_size(a) > 1)
@@ -242,20 +249,21 @@ def dispatch(x: Array, experts: Array, weights: Array, kernels: tuple[Array, Arr
             token_axes.extend(extra)
     tokens_split_over_ep = bool(ep_axes) and set(ep_axes) <= set(token_axes)
     tok = PartitionSpec(tuple(token_axes) or None, seq_axes or None, None)
-    kernel_spec = PartitionSpec(ep_axes if expert_split else None, None, None)
+    kernel_specs = tuple(PartitionSpec(ep_axes if expert_split else None, *([None] * (kl.ndim - 1)))
+                         for kl in kernels)
 
     def per_device(xl: Array, el: Array, wl: Array, *kl: Array) -> Array:
         bl, tl, _ = xl.shape
         args = (xl.reshape(bl * tl, h), el.reshape(bl * tl, -1), wl.reshape(bl * tl, -1), kl, precision)
         if not expert_split:
-            out = dispatch_local(*args)
+            out = dispatch_local(*args, grouped)
         elif tokens_split_over_ep:
-            out = dispatch_all_to_all(*args, ep_axes, ep)
+            out = dispatch_all_to_all(*args, ep_axes, ep, grouped)
         else:
-            out = dispatch_replicated(*args, ep_axes, ep)
+            out = dispatch_replicated(*args, ep_axes, ep, grouped)
         return out.reshape(bl, tl, h)
 
-    return jax.shard_map(per_device, in_specs=(tok, tok, tok, kernel_spec, kernel_spec, kernel_spec),
+    return jax.shard_map(per_device, in_specs=(tok, tok, tok, *kernel_specs),
                          out_specs=tok)(x, experts, weights, *kernels)
 
 

@@ -103,6 +103,9 @@ def gemma3_from_hf(hf: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: rope_parameters {rope!r}: expected one entry per layer type ({FULL}, {SLIDING})")
     theta, scaling = rope_from_hf(rope[FULL], where, f"rope_parameters.{FULL}")
     local_theta, local_scaling = rope_from_hf(rope[SLIDING], where, f"rope_parameters.{SLIDING}")
+    if scaling is not None and scaling["rope_type"] == "yarn":  # its factor would scale the local layers too
+        raise ConfigError(f"{where}: rope_parameters.{FULL}: rope type 'yarn' is not supported for Gemma 3 "
+                          "(linear, llama3)")
     if local_scaling is not None:
         raise ConfigError(f"{where}: rope_parameters.{SLIDING}: rope type {local_scaling['rope_type']!r} is not "
                           "supported for the local layers (only default)")

@@ -28,7 +28,8 @@ Array = jax.Array
 
 
 def rope_inv_freq(config: DecoderConfig) -> jnp.ndarray:
-    """Inverse frequencies of RoPE, with ``linear`` and ``llama3`` scaling."""
+    """Inverse frequencies of RoPE, with ``linear``, ``llama3`` and ``yarn`` scaling (YaRN's attention factor:
+    :func:`rope_attention_factor`)."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
     scaling = config.rope_scaling or {}
@@ -47,7 +48,59 @@ def rope_inv_freq(config: DecoderConfig) -> jnp.ndarray:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = jnp.where(is_mid, mid, scaled)
+    elif kind == "yarn":
+        inv_freq = _yarn_inv_freq(inv_freq, dim, config.rope_theta, scaling, config.max_position_embeddings)
     return inv_freq
+
+
+def _yarn_factor(scaling: dict[str, Any], max_positions: int) -> float:
+    """YaRN's context factor: ``factor``, else the ratio of the context to the original one (DeepSeek)."""
+    factor = scaling.get("factor")
+    return float(factor) if factor is not None else max_positions / float(scaling["original_max_position_embeddings"])
+
+
+def _yarn_inv_freq(inv_freq: Array, dim: int, theta: float, scaling: dict[str, Any], max_positions: int) -> Array:
+    """YaRN (Peng et al., 2023): the frequencies that turn fewer than ``beta_slow`` times over the original
+    context are interpolated (divided by the factor), those that turn more than ``beta_fast`` times kept,
+    with a linear ramp between; ``truncate`` (default true) rounds the ramp's ends to whole dimensions."""
+    factor = _yarn_factor(scaling, max_positions)
+    old_ctx = float(scaling["original_max_position_embeddings"])
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
+
+
+def rope_attention_factor(config: DecoderConfig) -> float:
+    """What RoPE scales the rotated queries and keys by (1.0 but for YaRN, whose ``attention_factor`` defaults to
+    ``0.1 ln(factor) + 1``, or the ratio of two such with DeepSeek's ``mscale`` / ``mscale_all_dim``).
+
+    transformers multiplies cos and sin by it; both queries and keys are rotated, so the scores scale by
+    its square, which is how an attention layer applies it (its softmax scale), with no table to change."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling, config.max_position_embeddings)
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+    return mscale()
 
 
 def rope_tables(positions: Array, inv_freq: Array) -> tuple[Array, Array]:
@@ -209,7 +262,7 @@ PIN_MIN_HEAD_DIM = 64
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWindow | None, softmax_dtype: Any,
                           precision: Any, blocks: int = 1, scale: float | None = None,
-                          pin_keys: bool = False) -> Array:
+                          pin_keys: bool = False, sinks: Array | None = None) -> Array:
     """Softmax attention with GQA; scores and softmax in ``softmax_dtype`` (float32 by default).
 
     Heads are moved in front of the sequence (``[B, kv, group, T, D]``) before the
@@ -234,6 +287,9 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
     forward's score dot runs, whose sums round differently: measured on SmolLM2-135M, decode
     attention then equals the training forward's bit for bit instead of within ~1e-6 per layer.
     With smaller heads (16, 32) XLA lowers the dots otherwise and pinning measured no better.
+
+    ``sinks`` [heads] (GPT-OSS): one learned logit per query head that joins every row's softmax
+    denominator and attends to nothing, so a query may give part of its weight to no key at all.
     """
     b, t, nq, d = q.shape
     nkv = k.shape[2]
@@ -249,7 +305,12 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
         scores = matmul(qb, kb, batch=2, rhs_transposed=True, precision=precision).astype(softmax_dtype)
         scores = jnp.where(mb[:, :, None], scores * jnp.asarray(scale, softmax_dtype),
                            jnp.finfo(softmax_dtype).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
+        if sinks is None:
+            probs = jax.nn.softmax(scores, axis=-1).astype(vb.dtype)
+        else:  # the sink joins the normaliser: exp(s - logaddexp(logsumexp(s), sink))
+            sink = sinks.astype(softmax_dtype).reshape(1, nkv, group, 1, 1)
+            norm = jnp.logaddexp(jax.nn.logsumexp(scores, axis=-1, keepdims=True), sink)
+            probs = jnp.exp(scores - norm).astype(vb.dtype)
         return matmul(probs, vb, batch=2, precision=precision)  # [b, kv, g, tq, d]
 
     def block_mask(q0: int, q1: int, s: int) -> Array:

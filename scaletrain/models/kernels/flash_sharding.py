@@ -92,13 +92,14 @@ def training_mechanism(config: DecoderConfig, t: int) -> str:
     There cuDNN's partitioner refuses the split sequence and the einsum path builds every
     head's ``[T / sp, T]`` scores (compiled for 8 H100s at 32k tokens: 247 GB of
     temporaries per device, against 10.4 GB with the kernel; ``bench/aot.py``). Not with
-    heads that do not divide over tp, or slices that are not whole 16-token tiles
-    (:func:`sequence_block`): ``auto`` never raises for them.
+    heads that do not divide over tp, slices that are not whole 16-token tiles
+    (:func:`sequence_block`), or attention sinks (GPT-OSS), which the kernel does not add: ``auto``
+    never raises for them.
     """
     mechanism, pa = config.attn_mechanism, config.partition_axis
     devices = split_devices(pa.sequence_axis, t)
     if (mechanism not in ("auto", "sdpa") or active_platform() != "gpu" or devices <= 1
-            or (t // devices) % 16):
+            or (t // devices) % 16 or getattr(config, "attention_sinks", False)):
         return mechanism
     if config.num_attention_heads % active_axis_size(pa.head_axis) or (
             config.num_key_value_heads % active_axis_size(pa.kv_head_axis)):

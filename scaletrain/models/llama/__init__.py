@@ -18,6 +18,10 @@ register(LLAMA, LlamaForCausalLM, LlamaModel, conformance=FamilyConformance(vari
     "attention-mlp-bias": dict(attention_bias=True, mlp_bias=True),
     "rope-linear": dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
     "rope-llama3": dict(rope_parameters=LLAMA3_ROPE),
+    # YaRN stretching an original context of 32 (shorter than the test rows) 4 times: the ramp between interpolated
+    # and kept frequencies falls inside the head, truncated to whole dimensions (the default), attention factor 1.14
+    "rope-yarn": dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                       "original_max_position_embeddings": 32}),
     "head-dim": dict(head_dim=24),
     "mha": dict(num_key_value_heads=4),
 }))
