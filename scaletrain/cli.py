@@ -201,8 +201,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from scaletrain.eval.command import format_table, parse_mesh, run_eval, write_json
-    from scaletrain.eval.preference_eval import PreferenceOptions
+    from scaletrain.eval_command import format_table, parse_mesh, run_eval, write_json
+    from scaletrain.eval_preference import PreferenceOptions
 
     if ns.limit is not None and ns.limit >= 1:
         ns.limit = int(ns.limit)

@@ -2,8 +2,9 @@
 
 Imports are read from the source (``ast``), including those inside functions and
 under ``TYPE_CHECKING``: a lazy import hides a circle from Python, not from a reader.
-Layers, from the top: ``cli → compat, sweep → launch → run → training → objectives → data, models →
-parallel → base``; a module may import its own layer or any layer below it, never one above.
+Layers, from the top: ``cli → compat, sweep → launch → run (and the eval command) → eval (the library), export →
+training → objectives → data, models → parallel → base``; a module may import its own layer or any layer below
+it, never one above.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ MAX_LINES = 450
 
 # the longest matching prefix decides a module's layer (a pure-data module may sit below its package)
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (8, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
-    (7, ("scaletrain.compat", "scaletrain.sweep", "scaletrain.distributed")),
-    (6, ("scaletrain.launch",)),
-    (5, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.export", "scaletrain.plot",
-         "scaletrain.rl", "scaletrain.eval")),
+    (9, ("scaletrain.cli", "scaletrain.cli_hf", "scaletrain.__main__")),
+    (8, ("scaletrain.compat", "scaletrain.sweep", "scaletrain.distributed")),
+    (7, ("scaletrain.launch",)),
+    (6, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.plot", "scaletrain.rl",
+         "scaletrain.eval_command", "scaletrain.eval_preference")),
+    (5, ("scaletrain.eval", "scaletrain.export")),
     (4, ("scaletrain.training",)),
     (3, ("scaletrain.objectives",)),
     (2, ("scaletrain.data", "scaletrain.models", "scaletrain.peft", "scaletrain.generation", "scaletrain.arguments")),

@@ -264,8 +264,8 @@ def test_eval_of_pairs_with_objective_orpo_prepares_them_as_trl_and_scores_trls_
 
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-    from scaletrain.eval.command import run_eval
-    from scaletrain.eval.preference_eval import PreferenceOptions
+    from scaletrain.eval_command import run_eval
+    from scaletrain.eval_preference import PreferenceOptions
 
     folder, tokenizer = bos_folder
     source = tmp_path / "pairs.jsonl"

@@ -3,6 +3,10 @@
 Data evaluation (``--data``, or a run's own eval data when neither ``--data`` nor ``--tasks``
 is given) and lm-eval tasks (``--tasks``) on one loaded target; a table on the terminal and,
 with ``--output``, the same figures as JSON.
+
+Why outside :mod:`scaletrain.eval`: the command rebuilds a run's model and reference as ``run`` does
+(:mod:`scaletrain.eval_preference`), while ``run`` reads the in-loop evaluation from that package; the
+library sits below ``run`` and the command above it, so no import runs back up.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
              preference: Any = None) -> dict[str, Any]:
     """Evaluate ``target`` as the command line says; returns ``{"target", "step", "data"?, "tasks"?}``.
 
-    ``preference``: the :class:`~scaletrain.eval.preference_eval.PreferenceOptions` (objective, β,
+    ``preference``: the :class:`~scaletrain.eval_preference.PreferenceOptions` (objective, β,
     reference) that score preference data; None keeps the run's or the defaults.
 
     ``apply_chat_template`` (True or a template name) and ``fewshot_as_multiturn`` (None: on with a
@@ -62,7 +66,7 @@ def run_eval(target: str, *, data: str | None = None, kind: str = "pretrain", sp
     if manager is not None:  # the tasks' data read now: a missing file is refused before the model loads
         manager.preload(task_list(tasks))
     from scaletrain.eval.data_eval import source_section
-    from scaletrain.eval.preference_eval import PreferenceOptions, check_options
+    from scaletrain.eval_preference import PreferenceOptions, check_options
 
     preference = preference or PreferenceOptions()
     if data is not None:
@@ -137,7 +141,7 @@ def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length:
     rows, bytes_per_token = eval_rows(section, loaded.tokenizer, settings)
     head = {"source": section.eval_source or section.source, "kind": section.kind, "rows": len(rows),
             "batch_size": settings.batch_size, "max_length": settings.max_length}
-    from scaletrain.eval.preference_eval import PREFERENCE_KINDS, PreferenceOptions, check_options, preference_scoring
+    from scaletrain.eval_preference import PREFERENCE_KINDS, PreferenceOptions, check_options, preference_scoring
 
     preference = preference or PreferenceOptions()
     if own:  # the kind was known only now
