@@ -18,6 +18,7 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.family import ARCHITECTURES, FAMILIES
 from scaletrain.models.common.config import DecoderConfig
+from scaletrain.models.common.layer_types import check_hf_layer_types
 from scaletrain.models.hf_family import ROPE_TYPES
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -81,6 +82,7 @@ def config_from_hf(raw: dict[str, Any], where: str = CONFIG_FILE, **runtime: Any
     family = FAMILIES[supported_model_type(raw, where)]
     if raw.get("quantization_config"):
         raise ConfigError(f"{where}: quantized checkpoints (quantization_config) are not supported; dequantize first")
+    check_hf_layer_types(raw, family.config_class, where)  # before transformers' own, many-line refusal
     try:
         hf = family.transformers_config().from_dict(dict(raw))
     except (ValueError, TypeError) as exc:  # transformers' own validation of the keys

@@ -21,10 +21,11 @@ from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
+from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.inputs import LayerKind, PreparedInputs, cache_inputs, training_inputs
 from scaletrain.models.common.layer_loop import by_kind, loop_layers
 from scaletrain.models.common.config import DecoderConfig
+from scaletrain.models.common.layer_types import layer_kinds
 from scaletrain.models.kernels.cpu_dots import matmul
 from scaletrain.models.common.dense import Dense, RMSNorm, _init
 from scaletrain.models.common.placement import active_placement, use_placement
@@ -111,9 +112,9 @@ class CausalLM(nnx.Module):
 
     # -- family hooks -----------------------------------------------------------------
     def layer_kinds(self) -> tuple[tuple[LayerKind, ...], list[int]]:
-        """The distinct kinds of layer (window, RoPE) and each layer's index into them: one kind here."""
-        kind = LayerKind(self.config.attention_window(), rope_inv_freq(self.config))
-        return (kind,), [0] * self.config.num_hidden_layers
+        """The distinct kinds of layer (window, RoPE) and each layer's index into them: one kind, or one per
+        distinct (type, window, RoPE) of a config with ``layer_types`` (:mod:`~scaletrain.models.common.layer_types`)."""
+        return layer_kinds(self.config)
 
     def embedding_scale(self) -> float | None:
         """A factor the embeddings are multiplied by (cast to the compute dtype first), or None."""

@@ -16,12 +16,13 @@ from pydantic import field_validator, model_validator
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.config import DecoderConfig, positive
+from scaletrain.models.common.layer_types import FULL_ATTENTION as FULL
+from scaletrain.models.common.layer_types import SLIDING_ATTENTION as SLIDING
+from scaletrain.models.common.layer_types import LayerTypedConfig, RoPE, every_nth_full
 from scaletrain.models.hf_family import Refuse, base_fields, base_hf_kwargs, rope_from_hf, rope_to_hf
 
-FULL, SLIDING = "full_attention", "sliding_attention"
 
-
-class Gemma3TextConfig(DecoderConfig):
+class Gemma3TextConfig(LayerTypedConfig):
     """Gemma 3 text decoder: GeGLU MLP, (1 + w) RMSNorms around attention and MLP, q/k norm."""
 
     model_type: ClassVar[str] = "gemma3_text"
@@ -42,7 +43,6 @@ class Gemma3TextConfig(DecoderConfig):
     sliding_window: int | None = 4096
     # every `sliding_window_pattern`-th layer is global when layer_types is not given (as transformers)
     sliding_window_pattern: int = 6
-    layer_types: list[str] | None = None
     final_logit_softcapping: float | None = None
     tie_word_embeddings: bool = True
     bos_token_id: int | None = 2
@@ -61,24 +61,20 @@ class Gemma3TextConfig(DecoderConfig):
     def _positive_scale(cls, value: float | None) -> float | None:
         return positive(value)  # a cap of 0 would squash every logit to 0
 
+    @classmethod
+    def default_layer_types(cls, config: LayerTypedConfig) -> list[str]:
+        """Every ``sliding_window_pattern``-th layer global, the others local (as transformers)."""
+        return every_nth_full(config.num_hidden_layers, config.sliding_window_pattern)
+
     @model_validator(mode="after")
-    def _layer_types(self) -> Gemma3TextConfig:
-        if self.layer_types is None:
-            pattern = self.sliding_window_pattern
-            types = [SLIDING if (i + 1) % pattern else FULL for i in range(self.num_hidden_layers)]
-            object.__setattr__(self, "layer_types", types)
-        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {FULL, SLIDING}:
-            raise ValueError(f"layer_types must list {FULL!r} or {SLIDING!r} for each of the "
-                             f"{self.num_hidden_layers} layers, got {self.layer_types}")
-        if SLIDING in self.layer_types and not self.sliding_window:
-            raise ValueError("sliding_window must be set when layer_types has sliding_attention layers")
+    def _gemma_options(self) -> Gemma3TextConfig:
         if self.qk_norm or self.qkv_bias or self.mlp_bias:
             raise ValueError("qk_norm/qkv_bias/mlp_bias are not Gemma 3 options (its q/k norms are always there)")
         return self
 
-    def layer_window(self, layer: int) -> int | None:
-        """The attention window of ``layer`` (None for a global layer)."""
-        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+    def type_rope(self, layer_type: str) -> RoPE:
+        """Local layers rotate with ``rope_local_base_freq`` and no scaling, global ones by the config's RoPE."""
+        return (self.rope_local_base_freq, None) if layer_type == SLIDING else super().type_rope(layer_type)
 
     @property
     def num_params(self) -> int:

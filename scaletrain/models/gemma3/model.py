@@ -26,13 +26,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
+from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.decoder import CausalLM, DecoderModel
-from scaletrain.models.common.inputs import LayerInputs, LayerKind
+from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import MLP, Attention
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.dense import RMSNorm
-from scaletrain.models.gemma3.config import FULL, SLIDING, Gemma3TextConfig
+from scaletrain.models.gemma3.config import Gemma3TextConfig
 from scaletrain.models.task import TaskType
 
 Array = jax.Array
@@ -111,16 +111,6 @@ class Gemma3ForCausalLM(CausalLM):
 
     config_class: ClassVar[type[DecoderConfig]] = Gemma3TextConfig
     base_model_class: ClassVar[type[DecoderModel]] = Gemma3TextModel
-
-    def layer_kinds(self) -> tuple[tuple[LayerKind, ...], list[int]]:
-        """Local layers attend within ``sliding_window`` with ``rope_local_base_freq`` and no scaling;
-        global ones see everything with ``rope_theta`` and ``rope_scaling``."""
-        cfg = self.config
-        local = cfg.model_copy(update={"rope_theta": cfg.rope_local_base_freq, "rope_scaling": None})
-        kinds = {SLIDING: LayerKind(cfg.sliding_window, rope_inv_freq(local)),
-                 FULL: LayerKind(None, rope_inv_freq(cfg))}
-        names = [name for name in (SLIDING, FULL) if name in cfg.layer_types]
-        return tuple(kinds[n] for n in names), [names.index(t) for t in cfg.layer_types]
 
     def embedding_scale(self) -> float:
         return math.sqrt(self.config.hidden_size)
