@@ -13,12 +13,10 @@ from scaletrain.data import (
     build_chat_splits,
     bundled_tokenizer_path,
     encode_chat,
-    extract_column_names,
     load_processor,
     make_batch_iterator,
-    process_messages_data,
-    process_sample_data,
 )
+from scaletrain.compat.easydel.processing import extract_column_names, process_messages_data, process_sample_data
 from scaletrain.errors import DataError
 
 CONVERSATION = [

@@ -4,6 +4,7 @@ Importing this package is cheap: grain, jax, pyarrow, datasets and transformers 
 imported inside the functions that need them.
 """
 
+from scaletrain._lazy import lazy_exports
 from scaletrain.data.build import build_datasets
 from scaletrain.data.chat import ChatEncoder, build_chat_splits, encode_chat
 from scaletrain.data.collate import collate
@@ -17,7 +18,6 @@ from scaletrain.data.loader import as_source_or_rows, make_batch_iterator, steps
 from scaletrain.data.mixture import MixtureRows, mix_rows
 from scaletrain.data.packing import PackedRows, first_fit, pack_documents, pack_pieces, split_into_pieces
 from scaletrain.data.prepared import prepare_tokenizer, resolve_tokenizer_path
-from scaletrain.data.processing import extract_column_names, process_messages_data, process_sample_data
 from scaletrain.data.records import ROLES, BadRows, check_messages, iter_conversations, iter_texts
 from scaletrain.data.sources import SourceRow, iter_source
 from scaletrain.data.splits import LMSplits, build_lm_splits
@@ -61,3 +61,8 @@ __all__ = [
     "split_into_pieces",
     "steps_per_epoch",
 ]
+
+# EasyDeL's per-example processing (no loss mask), kept under its old names: it lives in the compatibility layer
+_EASYDEL = {name: "scaletrain.compat.easydel.processing"
+            for name in ("extract_column_names", "process_messages_data", "process_sample_data")}
+__getattr__, __dir__ = lazy_exports("scaletrain.data", _EASYDEL, globals())

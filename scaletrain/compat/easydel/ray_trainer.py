@@ -193,20 +193,20 @@ class RayDistributedTrainer:
     @staticmethod
     def extract_column_names(dataset: Any) -> list[str] | None:
         """Column names of a dataset (``column_names``, else the first example's keys)."""
-        from scaletrain.data.processing import extract_column_names
+        from scaletrain.compat.easydel.processing import extract_column_names
 
         return extract_column_names(dataset)
 
     def process_sample_data(self, sample: Any, max_length: int, padding_side: str = "left") -> dict[str, np.ndarray]:
         """Tokenize one text, padded and truncated to ``max_length``; arrays flattened to 1-D."""
-        from scaletrain.data.processing import process_sample_data
+        from scaletrain.compat.easydel.processing import process_sample_data
 
         return process_sample_data(self.processor, sample, max_length, padding_side)  # type: ignore[arg-type]
 
     def process_messages_data(self, messages: Any, max_length: int,
                               padding_side: str = "left") -> dict[str, np.ndarray]:
         """Apply the tokenizer's chat template to ``messages``, padded to ``max_length``; arrays flattened."""
-        from scaletrain.data.processing import process_messages_data
+        from scaletrain.compat.easydel.processing import process_messages_data
 
         return process_messages_data(self.processor, messages, max_length, padding_side)  # type: ignore[arg-type]
 

@@ -1,10 +1,12 @@
 """EasyDeL RayDistributedTrainer-style processing: one text or one conversation -> fixed-length padded arrays.
 
-Why keep these next to the packing pipeline: EasyDeL's ``RayDistributedTrainer``
-exposes ``process_sample_data``, ``process_messages_data`` and
-``extract_column_names`` as methods and users map them over their datasets
-(``dataset.map(...)``) to get one padded row per example. They are plain functions
-here so the trainer methods can delegate to them. Unlike the seed they return NumPy
+Why here, in the compatibility layer: EasyDeL's ``RayDistributedTrainer`` exposes
+``process_sample_data``, ``process_messages_data`` and ``extract_column_names`` as methods
+and users map them over their datasets (``dataset.map(...)``) to get one padded row per
+example. The conversation encoder has no loss mask (every token is trained): the trainer's
+own chat data goes through :mod:`scaletrain.data.chat` (assistant-only loss) instead. They
+are plain functions so the façade's methods delegate to them; ``scaletrain.data`` still
+exports them, lazily. Unlike the seed they return NumPy
 arrays (``return_tensors="np"``): JAX arrays would be placed on a device per example
 and then copied back by the loader.
 """
