@@ -79,7 +79,7 @@ def preference_scoring(loaded: Any, kind: str, options: PreferenceOptions, mesh:
     data_kind = "unpaired_preference" if objective.name == "kto" else "preference"
     if data_kind != kind:
         raise ConfigError(f"the objective {objective.name} reads --kind {data_kind} data, not {kind}")
-    from scaletrain.training.reference import needs_reference
+    from scaletrain.training.frozen import needs_reference
 
     if not needs_reference(objective):
         if options.reference is not None:
@@ -103,7 +103,7 @@ def _recorded_objective(recorded: dict[str, Any]) -> Any:
 
 
 def _with_reference(objective: Any, loaded: Any, folder: str | None, own_run: bool, mesh: Any) -> PreferenceScoring:
-    from scaletrain.training.reference import POLICY_COPY, default_source, load_reference_folder
+    from scaletrain.training.frozen import GIVEN_MODULE, POLICY_COPY, default_source, load_reference_folder
 
     model = loaded.model
     if folder is not None:
@@ -114,7 +114,7 @@ def _with_reference(objective: Any, loaded: Any, folder: str | None, own_run: bo
         name = record.get("reference")
         if name == POLICY_COPY:
             frozen, shown = _starting_model(loaded, mesh), "the run's starting model"
-        elif isinstance(name, str) and name != "ref_model (given)":
+        elif isinstance(name, str) and name != GIVEN_MODULE:
             frozen, shown = load_reference_folder(name, model, mesh), name
         else:
             raise ConfigError(f"{loaded.name}: its reference model was given from Python; pass it as --reference DIR")
@@ -136,7 +136,7 @@ def _starting_model(loaded: Any, mesh: Any) -> Any:
     """The run's starting model (its ``model.pretrained`` folder, or its seeded initialisation), frozen on ``mesh``."""
     from scaletrain.recipe import Recipe
     from scaletrain.run import build_model
-    from scaletrain.training.reference import as_frozen
+    from scaletrain.training.frozen import as_frozen
 
     recipe = (loaded.meta or {}).get("recipe")
     if not recipe:

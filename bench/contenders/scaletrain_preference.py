@@ -125,7 +125,7 @@ def build(variant: str, spec: dict[str, Any], arrays: dict[str, Any]) -> tuple[C
     state = create_train_state(model, tx, mesh)
     del model
     if dpo and objective.reference_source == "model":
-        from scaletrain.training.reference import copy_of
+        from scaletrain.training.frozen import copy_of
 
         state = state.replace(frozen_models={"reference": copy_of(state.graphdef, state.params, state.frozen)})
     if dpo and objective.reference_source == "precomputed":

@@ -1,7 +1,7 @@
 """Where a preference objective reads its reference log-probabilities from.
 
 Three sources, one per memory cost (the trainer picks and sets them up, see
-``training/reference.py``):
+``training/frozen.py``):
 
 - ``"model"``: a frozen model in ``TrainState.frozen_models["reference"]`` (a copy of the
   starting policy, or another model folder), run on the same concatenated rows;

@@ -67,7 +67,7 @@ class LMOptions(_Options):
 
 
 class _ReferenceOptions(_Options):
-    """Where the reference log-probabilities come from (see ``training/reference.py``)."""
+    """Where the reference log-probabilities come from (see ``training/frozen.py``)."""
 
     reference: str | None = None  # a model folder; unset: a copy of the starting policy, or LoRA adapters off
     precompute_ref_log_probs: bool = False

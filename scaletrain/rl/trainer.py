@@ -60,17 +60,10 @@ from scaletrain.rl.scoring import (
 from scaletrain.parallel.partition import axis_names
 from scaletrain.peft.lora import join_trainable
 from scaletrain.training.base import batch_sharding
-from scaletrain.training.checkpoint import Checkpointer, read_meta
+from scaletrain.training.checkpoint import Checkpointer
 from scaletrain.training.metrics import peak_flops_per_device
 from scaletrain.training.protocol import TrainerConfigureDataloaderOutput, TrainerConfigureFunctionOutput
-from scaletrain.training.reference import (
-    POLICY_COPY,
-    check_reference,
-    copy_of,
-    default_source,
-    load_reference_folder,
-    reference_record,
-)
+from scaletrain.training.frozen import set_up
 from scaletrain.training.state import FrozenModel, TrainState, state_shardings
 from scaletrain.training.steps import train_step
 from scaletrain.training.trainer import Trainer
@@ -165,8 +158,6 @@ class GRPOTrainer(Trainer):
         self.conversational = is_messages(rows[0].prompt)
         self._scored: _Scored | None = None
         self._reference: FrozenModel | None = None
-        self._reference_source: str | None = None
-        self.reference_record: dict[str, Any] | None = None
         self._rows: RowLayout | None = None
         objective = objective if objective is not None else build_grpo_objective(o)
         if isinstance(objective, GRPOObjective):
@@ -208,13 +199,11 @@ class GRPOTrainer(Trainer):
             raise ConfigError(f"the longest prompt plus objective.max_completion_length is {longest} tokens, more than "
                               f"the model's max_position_embeddings={positions}; lower max_completion_length or set "
                               f"objective.max_prompt_length")
-        if o.beta != 0.0:
+        self.frozen_models.declare("reference")  # recorded (None without one), checked on resume: training/frozen.py
+        if o.beta != 0.0:  # the KL reference: a frozen copy, a model folder, or the LoRA base (adapters off)
             state: TrainState = built.state
-            self._reference_source = default_source(model, o.reference)
-            if self._reference_source == "model":
-                self._reference = (copy_of(state.graphdef, state.params, state.frozen) if o.reference is None
-                                   else load_reference_folder(o.reference, model, self._mesh))
-                self.reference_record = reference_record(o.reference or POLICY_COPY, self._reference)
+            self._reference = self.frozen_models.add(set_up("reference", o.reference, model, state.graphdef,
+                                                            state.params, state.frozen, self._mesh)).model
         return built
 
     def configure_functions(self) -> TrainerConfigureFunctionOutput:
@@ -385,7 +374,6 @@ class GRPOTrainer(Trainer):
         meta["objective"] = {"name": "grpo", **self.options.model_dump(exclude={"reward_funcs"}),
                              "reward_funcs": [f.name for f in self.reward_functions],
                              "reward_specs": self.reward_specs}
-        meta["reference"] = self.reference_record
         return meta
 
     def consumed_data_state(self) -> Any:
@@ -409,13 +397,12 @@ class GRPOTrainer(Trainer):
         return state
 
     def _resume_checked(self, state: TrainState) -> TrainState:
-        """The base resume; then the reference check (a run resumed against another reference is refused) and,
-        inside a ``num_iterations`` cycle, the stored rollout put back so the next step reuses it as is."""
+        """The base resume (which checks the reference, ``training/frozen.py``); then, inside a ``num_iterations``
+        cycle, the stored rollout put back so the next step reuses it as is."""
         state = super().maybe_resume(state)
         where = self.resumed_from
         if where is None:
             return state
-        check_reference(read_meta(where).get("reference"), self.reference_record, where)
         position = self.dataloader_train.get_state()
         if not position["repeat"]:
             return state
@@ -430,13 +417,3 @@ class GRPOTrainer(Trainer):
         host = {k: v[self._layout().held] for k, v in whole.items()}  # this process's rows of the whole batch
         self._scored = _Scored(self._place(host), {}, host, position["epoch"], position["index"])
         return state
-
-    def write_summary(self, state: TrainState) -> dict[str, Any]:
-        """The base summary plus the reference read (its name and digest), as the preference trainer's."""
-        from scaletrain.training.outputs import write_summary
-
-        summary = super().write_summary(state)
-        summary.update(reference=self.reference_record)
-        if self.is_main_process:
-            write_summary(self.arguments.ensure_output_dir(), summary)
-        return summary

@@ -38,6 +38,7 @@ from scaletrain.training.callbacks import (
     TrainingHorizon,
 )
 from scaletrain.training.checkpoint import Checkpointer, resume_source
+from scaletrain.training.frozen import FrozenModels
 from scaletrain.training.loggers import RunWriters
 from scaletrain.training.metrics import peak_flops_per_device, throughput
 from scaletrain.training.optim import make_optimizer, make_schedule
@@ -89,6 +90,7 @@ class BaseTrainer(BaseTrainerProtocol):
         self._given_model = model
         self._given_state = model_state
         self.objective = objective
+        self.frozen_models = FrozenModels()  # what frozen models a run reads, recorded once (training/frozen.py)
         self.metrics_logger = MetricsLogger()
         self.nan_guard = NanGuard()
         # order matters: stop rules first, then logging, evaluation, and saving last
@@ -269,15 +271,13 @@ class BaseTrainer(BaseTrainerProtocol):
             if want != have:
                 raise ConfigError(
                     f"training.{name} is {want.name} but the model was built with {name}={have.name}; "
-                    f"build the model with {name}={want.name!r} or set training.{name}={have.name}"
-                )
+                    f"build the model with {name}={want.name!r} or set training.{name}={have.name}")
         positions = getattr(model.config, "max_position_embeddings", None)
         if positions is not None and args.max_length > positions:
             raise ConfigError(
                 f"training.max_length={args.max_length} is longer than the model's "
                 f"max_position_embeddings={positions}; lower training.max_length or use a model with "
-                f"max_position_embeddings >= {args.max_length}"
-            )
+                f"max_position_embeddings >= {args.max_length}")
         scheduler = make_schedule(args, self.max_training_steps)
         optimizer = make_optimizer(args, scheduler)
         state = create_train_state(model, optimizer, self._mesh, seed=args.seed)
@@ -317,6 +317,7 @@ class BaseTrainer(BaseTrainerProtocol):
             "mesh": dict(self._mesh.shape),
             "lora": self.lora_base_record(state),
             "changes_on_resume": self.changes_on_resume,
+            **self.frozen_models.records,
         }
 
     def lora_base_record(self, state: TrainState) -> dict[str, Any] | None:
@@ -351,6 +352,7 @@ class BaseTrainer(BaseTrainerProtocol):
         state, data_state, meta = source.restore(step, state)
         self.changes_on_resume = check_same_run(meta, self.checkpoint_metadata(state), source.path(step), step,
                                                 args.resume_allow_changes)  # base, objective, model; rows
+        self.frozen_models.check(meta, source.path(step))  # the same reference (teacher, ...) by its digest
         restore_data_position(self.dataloader_train, source.path(step), data_state)  # required: exact resume
         warn_about_later_checkpoints(self.checkpoint_manager.directory, self.checkpoint_manager.all_steps(), step)
         self.resumed_from = source.path(step)

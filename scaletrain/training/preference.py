@@ -2,10 +2,10 @@
 
 Why a subclass and not a branch in the loop: the loop, the step, checkpoints and evaluation are
 the objective-generic ones; what a preference run adds is set up once, when the model is
-configured — the reference (``training/reference.py``: a copy of the starting policy, a model
+configured — the reference (``training/frozen.py``: a copy of the starting policy, a model
 folder, or LoRA adapters off), or the reference's log-probabilities precomputed and served with
-the rows (``training/precompute.py``) — and one more record in every checkpoint (the
-reference's path and digest, checked on resume).
+the rows (``training/precompute.py``). The frozen-model component records the reference in
+checkpoints and ``summary.json`` and checks it on resume; this trainer only says which it needs.
 """
 
 from __future__ import annotations
@@ -24,18 +24,8 @@ from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.logps import row_logps
 from scaletrain.training import precompute
 from scaletrain.training.base import batch_sharding
-from scaletrain.training.checkpoint import read_meta
+from scaletrain.training.frozen import needs_reference, set_up
 from scaletrain.training.lora_state import base_record
-from scaletrain.training.reference import (
-    POLICY_COPY,
-    as_frozen,
-    check_reference,
-    copy_of,
-    default_source,
-    load_reference_folder,
-    needs_reference,
-    reference_record,
-)
 from scaletrain.training.state import FrozenModel, TrainState
 from scaletrain.training.steps import rank_sharding
 from scaletrain.training.trainer import Trainer
@@ -61,7 +51,6 @@ class PreferenceTrainer(Trainer):
                               f"{'reference' if reference is not None else 'precompute_ref_log_probs'}")
         self.reference_given = reference
         self.precompute_ref_log_probs = precompute_ref_log_probs
-        self.reference_record: dict[str, Any] | None = None
         super().__init__(arguments, model=model, objective=objective, **kwargs)
 
     # ---- configuration ----------------------------------------------------------------
@@ -70,8 +59,10 @@ class PreferenceTrainer(Trainer):
         if not needs_reference(self.objective):
             return built
         state: TrainState = built.state
-        source = default_source(built.model, self.reference_given)
-        frozen = self._build_reference(built.model, state) if source == "model" else None
+        self.frozen_models.declare("reference")
+        setup = self.frozen_models.add(set_up("reference", self.reference_given, built.model, state.graphdef,
+                                              state.params, state.frozen, self._mesh))
+        source, frozen = setup.source, setup.model
         if self.precompute_ref_log_probs:
             digest = (self.reference_record or {}).get("reference_sha256") or \
                 (base_record(built.model, state.frozen) or {}).get("base_sha256", "")
@@ -84,19 +75,6 @@ class PreferenceTrainer(Trainer):
                                       "adapters_off": "LoRA base (adapters off, no copy)",
                                       "precomputed": "precomputed log-probabilities"}[source])
         return built._replace(state=state)
-
-    def _build_reference(self, model: nnx.Module, state: TrainState) -> FrozenModel:
-        given = self.reference_given
-        if given is None:
-            frozen, name = copy_of(state.graphdef, state.params, state.frozen), POLICY_COPY
-        elif isinstance(given, str):
-            frozen, name = load_reference_folder(given, model, self._mesh), given
-        elif isinstance(given, nnx.Module):
-            frozen, name = as_frozen(given, model, self._mesh), "ref_model (given)"
-        else:
-            raise ConfigError(f"reference must be a model folder or a model, got {type(given).__name__}")
-        self.reference_record = reference_record(name, frozen)
-        return frozen
 
     def _precompute(self, state: TrainState, frozen: FrozenModel | None, source: str, digest: str) -> None:
         """Score the train (and eval) rows with the reference once; serve them with the values."""
@@ -150,7 +128,6 @@ class PreferenceTrainer(Trainer):
         meta["arguments"] = {k: v for k, v in meta["arguments"].items() if k in TrainingArguments.model_fields}
         meta["objective"] = {"name": self.objective.name, **{
             f.name: getattr(self.objective, f.name) for f in dataclasses.fields(self.objective)}}
-        meta["reference"] = self.reference_record
         return meta
 
     def starting_state(self, state: TrainState | None = None, model_parameters: Any = None) -> TrainState:
@@ -159,20 +136,3 @@ class PreferenceTrainer(Trainer):
         if state is not None:
             state = state.replace(frozen_models=self._model_state.frozen_models)
         return super().starting_state(state, model_parameters)
-
-    def write_summary(self, state: TrainState) -> dict[str, Any]:
-        """The base summary plus the objective's name and the reference read (path and digest)."""
-        from scaletrain.training.outputs import write_summary
-
-        summary = super().write_summary(state)
-        summary.update(objective=self.objective.name, reference=self.reference_record)
-        if self.is_main_process:
-            write_summary(self.arguments.ensure_output_dir(), summary)
-        return summary
-
-    def maybe_resume(self, state: TrainState) -> TrainState:
-        """The base resume, then the reference check: a run resumed against another reference is refused."""
-        state = super().maybe_resume(state)
-        if self.resumed_from is not None:
-            check_reference(read_meta(self.resumed_from).get("reference"), self.reference_record, self.resumed_from)
-        return state

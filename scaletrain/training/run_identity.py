@@ -12,7 +12,7 @@ how the run is laid out (mesh, remat, attention kernels, ``scan_layers``), and t
 that only change what a person reads (GRPO's ``log_completions*``) or bound a wait (``reward_timeout``).
 For the preference kinds, how rows are prepared and cut (``data.preparation``,
 ``training.truncation_mode``) defines the run too: another value gives other token ids. The reference model is
-compared by the digest of its weights (``training/reference.py``), not by its name here.
+compared by the digest of its weights (``training/frozen.py``), not by its name here.
 
 Read from the same metadata a checkpoint saves (``Trainer.checkpoint_metadata``), so the
 saved and the current identity are built by one function, and checkpoints written before

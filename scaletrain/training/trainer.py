@@ -279,6 +279,12 @@ class Trainer(BaseTrainer):
                                "layer for the backward (Llama-3.2-1B: twice the unrolled step's temporaries); 'dots' "
                                "or 'dots_and_attention' keep the matmuls and recompute only elementwise work")
 
+    @property
+    def reference_record(self) -> dict[str, Any] | None:
+        """The reference this run reads, as checkpoints record it (``{"reference", "reference_sha256"}``; None
+        without one, or with LoRA adapters off: nothing to digest)."""
+        return self.frozen_models.records.get("reference")
+
     def plan_batch_lines(self) -> list[str] | None:
         """The plan's lines about the batch where a trainer's batch is not ``total_batch_size x max_length``
         (GRPO's rollouts and updates); None: the usual ``batch`` line."""
@@ -295,7 +301,8 @@ class Trainer(BaseTrainer):
         return None if last is None else (last[0], last[1].host()["loss"])
 
     def write_summary(self, state: TrainState) -> dict[str, Any]:
-        """``summary.json``: final losses, steady throughput, MFU and the parameter digest."""
+        """``summary.json``: final losses, steady throughput, MFU, the parameter digest, the objective's name and the
+        frozen models it read (``training/frozen.py``)."""
         trainable, total = self.parameter_counts
         summary = summary_record(
             self.arguments,
@@ -314,6 +321,8 @@ class Trainer(BaseTrainer):
             checkpoint=self.last_checkpoint,
             resumed_from=self.resumed_from,
             skipped_nonfinite_steps=self.nan_guard.skipped_count(),
+            objective=self.objective.name,
+            **self.frozen_models.records,  # each frozen model read (name, digest): recorded here, once
         )
         if self.is_main_process:
             write_summary(self.arguments.ensure_output_dir(), summary)
