@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import scaletrain as st
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-from scaletrain.objectives import LanguageModelObjective, Objective
+from scaletrain.objectives import LanguageModelObjective, Objective, ObjectiveBase
 from scaletrain.objectives.loss import target_mask
 from scaletrain.parallel import create_mesh
 from scaletrain.training.state import FrozenModel, create_train_state, state_shardings
@@ -38,8 +38,9 @@ def _sequence_logprob(model: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SequenceGap:
-    """Per sequence: the squared gap between the policy's and the reference's summed log-probability."""
+class SequenceGap(ObjectiveBase):
+    """Per sequence: the squared gap between the policy's and the reference's summed log-probability (the
+    members it does not use, such as ``batch_totals``, keep ``ObjectiveBase``'s defaults)."""
 
     name: ClassVar[str] = "sequence_gap"
     batch_keys: ClassVar[tuple[str, ...]] = ("input_ids",)

@@ -22,11 +22,25 @@ The contract (:class:`Objective`):
   (host floats, names starting ``eval_``, ``eval_loss`` among them) from sums added
   over every eval batch.
 
-Optional: ``batch_totals(batch) -> {name: scalar}``, counts over the *whole* batch (not the
-micro-batch) that the loss is scaled by; each micro-batch receives them as
-``batch["total/<name>"]`` (:func:`with_batch_totals`). Why: a loss with two normalisers
-(ORPO's token-mean NLL beside its per-pair odds ratio) is exact under accumulation only if
-the micro-batch knows the batch's token count.
+What the trainers read besides (declared here, so nothing is found by ``getattr``; inherit
+:class:`ObjectiveBase` for the defaults, which a plain language-model-like loss keeps):
+
+- ``batch_totals(batch) -> {name: scalar}``: counts over the *whole* batch (not the
+  micro-batch) that the loss is scaled by; each micro-batch receives them as
+  ``batch["total/<name>"]`` (:func:`with_batch_totals`). Why: a loss with two normalisers
+  (ORPO's token-mean NLL beside its per-pair odds ratio) is exact under accumulation only if
+  the micro-batch knows the batch's token count. Default: none.
+- ``reference_source``: where it reads reference log-probabilities from (``"model"``,
+  ``"adapters_off"``, ``"precomputed"``: ``objectives/reference.py``); None: it reads no
+  reference, so the trainer sets none up (``training/frozen.py``). Default None.
+- ``reference_inputs(batch) -> {batch key: rows}`` and ``precomputed_keys``: the rows whose
+  reference log-probabilities ``precompute_ref_log_probs`` stores, and the keys it serves
+  them under. Default: none.
+- ``logged_metrics``: its figures named without a ``/`` that the train log keeps (TRL's
+  ``nll_loss``, ``kl``, ...); callbacks read them through ``TrainerView``. Default none.
+- ``sequences_per_row``: sequences one batch row forwards (a pair: 2), what tokens/s counts. Default 1.
+- ``sampler_check``: whether its forward compares the sampler's log-probabilities with its own
+  (GRPO with one iteration), so the rollout skips that scoring forward. Default False.
 """
 
 from __future__ import annotations
@@ -64,6 +78,41 @@ class Objective(Protocol):
 
     def eval_metrics(self, totals: Mapping[str, Any], bytes_per_token: float | None = None) -> dict[str, float]: ...
 
+    #: where reference log-probabilities come from (``objectives/reference.py``); None: no reference is read
+    reference_source: str | None
+    #: the batch keys ``precompute_ref_log_probs`` serves (with ``reference_inputs``)
+    precomputed_keys: tuple[str, ...]
+    #: its figures named without a ``/`` that the train log keeps
+    logged_metrics: tuple[str, ...]
+    #: sequences forwarded per batch row (chosen and rejected: 2), what tokens/s counts
+    sequences_per_row: int
+    #: its forward checks the sampler's log-probabilities (``rollout/logprob_diff_*``)
+    sampler_check: bool
+
+    def batch_totals(self, batch: Batch) -> Mapping[str, Array]: ...
+
+    def reference_inputs(self, batch: Batch) -> dict[str, tuple[Array, Array, Array, Any]]: ...
+
+
+class ObjectiveBase:
+    """The defaults of :class:`Objective`'s members that only some objectives use (see the module docstring):
+    no reference, no whole-batch totals, one sequence per row, no extra logged figures, no sampler check.
+
+    An objective that inherits it writes only what it changes; a dataclass field of the same name overrides
+    a default (``DPOObjective.reference_source``)."""
+
+    reference_source: str | None = None
+    precomputed_keys: tuple[str, ...] = ()
+    logged_metrics: tuple[str, ...] = ()
+    sequences_per_row: int = 1
+    sampler_check: bool = False
+
+    def batch_totals(self, batch: Batch) -> Mapping[str, Array]:
+        return {}
+
+    def reference_inputs(self, batch: Batch) -> dict[str, tuple[Array, Array, Array, Any]]:
+        return {}
+
 
 def check_batch(objective: Objective, batch: Batch) -> None:
     """DataError naming the first key ``objective`` needs that ``batch`` lacks.
@@ -93,11 +142,8 @@ TOTAL_PREFIX = "total/"
 
 
 def with_batch_totals(objective: Objective, batch: Batch) -> dict[str, Array]:
-    """``batch`` plus ``objective.batch_totals(batch)`` as ``total/<name>`` scalars (unchanged without it).
+    """``batch`` plus ``objective.batch_totals(batch)`` as ``total/<name>`` scalars (unchanged without any).
 
     Called on the whole batch before it is split into micro-batches; a scalar is handed to
     every micro-batch as it is (``steps.split_microbatches``)."""
-    totals = getattr(objective, "batch_totals", None)
-    if totals is None:
-        return dict(batch)
-    return {**batch, **{TOTAL_PREFIX + k: v for k, v in totals(batch).items()}}
+    return {**batch, **{TOTAL_PREFIX + k: v for k, v in objective.batch_totals(batch).items()}}

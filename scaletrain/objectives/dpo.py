@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from scaletrain.errors import ConfigError
-from scaletrain.objectives.base import Batch, Sums
+from scaletrain.objectives.base import Batch, ObjectiveBase, Sums
 from scaletrain.objectives.logps import concatenated, halves, real_rows, sequence_stats
 from scaletrain.objectives.pair_metrics import PAIR_FIGURES, eval_figures, reward_sums, step_figures, zeros
 from scaletrain.objectives.reference import check_source, reference_frozen_models, reference_logps
@@ -123,7 +123,7 @@ def check_loss_types(loss_type: tuple[str, ...], loss_weights: tuple[float, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class DPOObjective:
+class DPOObjective(ObjectiveBase):
     """TRL 1.16's DPO loss family over pair batches (``chosen_*`` / ``rejected_*`` keys, see the module).
 
     ``reference_source``: where the reference log-probabilities come from (``objectives/reference.py``).

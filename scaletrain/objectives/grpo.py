@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from scaletrain.objectives.advantage_estimators import AdvantageSpec
-from scaletrain.objectives.base import Batch, Sums
+from scaletrain.objectives.base import Batch, ObjectiveBase, Sums
 from scaletrain.objectives.grpo_loss import GRPOLossConfig, loss_sum, normaliser_key, per_token_terms
 from scaletrain.objectives.pair_metrics import eval_figures, step_figures, zeros
 from scaletrain.objectives.token_logps import completion_token_stats
@@ -60,7 +60,7 @@ def figures() -> dict[str, tuple[str, str]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOObjective:
+class GRPOObjective(ObjectiveBase):
     """TRL 1.16's GRPO loss over GRPO batches (see the module docstring); ``loss`` holds its options."""
 
     loss: GRPOLossConfig = GRPOLossConfig()

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from scaletrain.errors import ConfigError
-from scaletrain.objectives.base import Batch, Sums
+from scaletrain.objectives.base import Batch, ObjectiveBase, Sums
 from scaletrain.objectives.logps import halves, real_rows, sequence_stats
 from scaletrain.objectives.pair_metrics import eval_figures, step_figures, zeros
 from scaletrain.objectives.reference import check_source, reference_frozen_models, reference_logps
@@ -46,7 +46,7 @@ _SUMS = ("loss", "rows", "rows_chosen", "rows_rejected", "rewards_chosen", "rewa
 
 
 @dataclasses.dataclass(frozen=True)
-class KTOObjective:
+class KTOObjective(ObjectiveBase):
     """TRL 1.16's KTO (see the module docstring) over ``unpaired_preference`` batches."""
 
     beta: float = 0.1

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from scaletrain.objectives.base import Batch, Sums
+from scaletrain.objectives.base import Batch, ObjectiveBase, Sums
 from scaletrain.objectives.fused_loss import fused_head_loss
 from scaletrain.objectives.loss import LossSums, cross_entropy_sums, eval_metrics, target_mask
 from scaletrain.objectives.model_outputs import aux_shapes, hidden_and_aux
@@ -28,7 +28,7 @@ ROUTER_SUMS = ("aux_loss", "router_z_loss", "expert_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
-class LanguageModelObjective:
+class LanguageModelObjective(ObjectiveBase):
     """Causal-LM loss over target tokens; ``z_loss`` weighs ``log(Z)^2``, ``chunk_size`` fuses head and loss.
 
     Its sums: ``loss``, ``z_loss``, ``correct``, ``tokens`` (the normaliser) and, for a

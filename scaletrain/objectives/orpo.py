@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from scaletrain.errors import ConfigError
-from scaletrain.objectives.base import TOTAL_PREFIX, Batch, Sums
+from scaletrain.objectives.base import TOTAL_PREFIX, Batch, ObjectiveBase, Sums
 from scaletrain.objectives.logps import concatenated, halves, real_rows, sequence_stats
 from scaletrain.objectives.pair_metrics import PAIR_FIGURES, eval_figures, reward_sums, step_figures, zeros
 
@@ -48,7 +48,7 @@ def _average(stats: Mapping[str, Array]) -> Array:
     return stats["logps"] / jnp.maximum(stats["tokens"], 1.0)
 
 
-class _WithNll:
+class _WithNll(ObjectiveBase):
     """Shared by ORPO and CPO: the NLL over the chosen rows, normalised by the whole batch's tokens."""
 
     normaliser: ClassVar[str] = "pairs"

@@ -166,7 +166,7 @@ class GRPOTrainer(Trainer):
             objective = dataclasses.replace(objective, sampler_check=(
                 o.num_iterations == 1 and not o.vllm_importance_sampling_correction
                 and arguments.gradient_accumulation_steps == 1))
-        self._check_in_update = bool(getattr(objective, "sampler_check", False))
+        self._check_in_update = objective.sampler_check
         super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
                          objective=objective, **kwargs)
 

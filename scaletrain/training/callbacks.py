@@ -101,8 +101,7 @@ class MetricsLogger(Callback):
         now = time.perf_counter()
         steps = step - self._last_step
         # a preference row holds two sequences (chosen and rejected, or KTO's row and its KL row): both are forwarded
-        per_row = getattr(getattr(trainer, "objective", None), "sequences_per_row", 1)
-        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length * per_row
+        tokens = steps * trainer.arguments.total_batch_size * trainer.arguments.max_length * trainer.sequences_per_row
         perf = trainer.throughput(tokens, now - (self._last_time or now))
         first_interval = self._last_step == trainer.start_step
         self._last_time, self._last_step = now, step
@@ -121,8 +120,7 @@ class MetricsLogger(Callback):
             record["z_loss"] = values["z_loss"]
         record.update({k: v for k, v in values.items() if "/" in k})
         # an objective's own figures named without a "/" (TRL's nll_loss, entropy, kl, ...)
-        record.update({k: values[k] for k in getattr(getattr(trainer, "objective", None), "logged_metrics", ())
-                       if k in values})
+        record.update({k: values[k] for k in trainer.logged_metrics if k in values})
         record.update(memory_stats())
         self.last_train = record
         trainer.write_metrics(record)

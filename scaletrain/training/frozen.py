@@ -97,7 +97,7 @@ class FrozenModels:
 
 def needs_reference(objective: Any) -> bool:
     """Whether ``objective`` reads reference log-probabilities (DPO, KTO; not ORPO or CPO/SimPO)."""
-    return hasattr(objective, "reference_source")
+    return objective.reference_source is not None
 
 
 def default_source(model: nnx.Module, given: Any) -> str:

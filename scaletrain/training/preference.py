@@ -126,8 +126,7 @@ class PreferenceTrainer(Trainer):
         meta = super().checkpoint_metadata(state)
         # the arguments as TrainingArguments (export reads them back): a DPOConfig's options go under "objective"
         meta["arguments"] = {k: v for k, v in meta["arguments"].items() if k in TrainingArguments.model_fields}
-        meta["objective"] = {"name": self.objective.name, **{
-            f.name: getattr(self.objective, f.name) for f in dataclasses.fields(self.objective)}}
+        meta["objective"] = {"name": self.objective.name, **dataclasses.asdict(self.objective)}
         return meta
 
     def starting_state(self, state: TrainState | None = None, model_parameters: Any = None) -> TrainState:

@@ -182,7 +182,9 @@ class TrainerView(Protocol):
     run, or None), ``is_main_process``, ``last_train_metrics`` (the newest logged
     train record, ``{}`` before the first log step), ``changes_on_resume`` (what
     resumes changed under ``training.resume_allow_changes``: ``after_step``, ``key``,
-    ``old``, ``new``; ``[]`` for a run never changed).
+    ``old``, ``new``; ``[]`` for a run never changed), and of the objective what the logs need:
+    ``logged_metrics`` (its figures named without a ``/`` that the train log keeps) and
+    ``sequences_per_row`` (sequences a batch row forwards, what tokens/s counts).
 
     Actions: ask to stop (``request_stop``) or fail the run (``fail``); run an
     evaluation; save a checkpoint or wait for pending saves; write a record to the
@@ -215,6 +217,12 @@ class TrainerView(Protocol):
 
     @property
     def last_train_metrics(self) -> dict[str, Any]: ...
+
+    @property
+    def logged_metrics(self) -> tuple[str, ...]: ...
+
+    @property
+    def sequences_per_row(self) -> int: ...
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current step with ``reason`` (the first reason wins); a final checkpoint follows."""

@@ -280,6 +280,16 @@ class Trainer(BaseTrainer):
                                "or 'dots_and_attention' keep the matmuls and recompute only elementwise work")
 
     @property
+    def logged_metrics(self) -> tuple[str, ...]:
+        """The objective's own figures (named without a ``/``) the train log keeps: for callbacks (``TrainerView``)."""
+        return tuple(self.objective.logged_metrics)
+
+    @property
+    def sequences_per_row(self) -> int:
+        """Sequences one batch row forwards (a preference pair: 2): what tokens/s counts (``TrainerView``)."""
+        return int(self.objective.sequences_per_row)
+
+    @property
     def reference_record(self) -> dict[str, Any] | None:
         """The reference this run reads, as checkpoints record it (``{"reference", "reference_sha256"}``; None
         without one, or with LoRA adapters off: nothing to digest)."""
