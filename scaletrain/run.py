@@ -250,16 +250,13 @@ def _eval_callbacks(recipe: Recipe) -> list[Any]:
 
 def objective_trainer(recipe: Recipe) -> tuple[Any, dict[str, Any]]:
     """The trainer class of ``objective.type`` (None: ``Trainer``) and its objective keyword arguments
-    (the objective, and for a preference objective its reference options)."""
-    import importlib
-
+    (the objective, and for a preference objective its reference options). The family packages register
+    their trainers when imported (``objectives.registry.register_trainer``)."""
+    import scaletrain.preference.trainer  # noqa: F401  (registers PreferenceTrainer)
+    import scaletrain.rl.trainer  # noqa: F401  (registers GRPOTrainer)
     from scaletrain.objectives.registry import trainer_setup
 
-    path, kwargs = trainer_setup(recipe.objective.type, recipe.objective.options)
-    if path is None:
-        return None, kwargs
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name), kwargs
+    return trainer_setup(recipe.objective.type, recipe.objective.options)
 
 
 def check_recipe(recipe: Recipe, tokenizer: Any) -> None:

@@ -61,7 +61,7 @@ def test_frozen_models_resume_check_refuses_another_digest_naming_the_frozen_mod
 
 def test_preference_and_grpo_trainers_leave_summary_checkpoint_record_and_resume_check_to_the_component():
     from scaletrain.rl.trainer import GRPOTrainer
-    from scaletrain.training.preference import PreferenceTrainer
+    from scaletrain.preference.trainer import PreferenceTrainer
 
     for cls in (PreferenceTrainer, GRPOTrainer):
         assert "write_summary" not in vars(cls), cls  # the base writes summary.json once, frozen records included

@@ -23,7 +23,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (8, ("scaletrain.compat", "scaletrain.sweep", "scaletrain.distributed")),
     (7, ("scaletrain.launch",)),
     (6, ("scaletrain.run", "scaletrain.recipe", "scaletrain.preflight", "scaletrain.plot", "scaletrain.rl",
-         "scaletrain.eval_command", "scaletrain.eval_preference")),
+         "scaletrain.preference", "scaletrain.eval_command", "scaletrain.eval_preference")),
     (5, ("scaletrain.eval", "scaletrain.export")),
     (4, ("scaletrain.training",)),
     (3, ("scaletrain.objectives",)),

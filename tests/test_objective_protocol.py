@@ -45,3 +45,23 @@ def test_no_objective_member_is_looked_up_by_getattr_or_hasattr():
                 if "objective" in target.lower() and target != "self":
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
     assert found == []
+
+
+def test_each_objective_type_runs_under_the_trainer_its_family_package_registers():
+    from types import SimpleNamespace
+
+    from scaletrain.objectives.registry import get_objective_type, trainer_class
+    from scaletrain.preference.trainer import PreferenceTrainer
+    from scaletrain.rl.trainer import GRPOTrainer
+    from scaletrain.run import objective_trainer
+
+    want = {"lm": None, "dpo": PreferenceTrainer, "orpo": PreferenceTrainer, "cpo": PreferenceTrainer,
+            "simpo": PreferenceTrainer, "kto": PreferenceTrainer, "grpo": GRPOTrainer}
+    assert {k: trainer_class(k) for k in want} == want
+    trainer, kwargs = objective_trainer(SimpleNamespace(objective=SimpleNamespace(type="kto", options={})))
+    assert trainer is PreferenceTrainer and kwargs["objective"].name == "kto"
+    # the table names classes, registered from above: no "module:Class" string for the layout test to miss
+    source = (PACKAGE / "objectives" / "registry.py").read_text()
+    strings = [n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert not [s for s in strings if s.startswith("scaletrain.") and ":" in s]
+    assert all(get_objective_type(k).own_trainer == (v is not None) for k, v in want.items())

@@ -85,7 +85,7 @@ def _rows_from_orpo(dataset):
 
 def _ours(policy, tmp_path, rows, length, objective, reference=None):
     import scaletrain as st
-    from scaletrain.training.preference import PreferenceTrainer
+    from scaletrain.preference.trainer import PreferenceTrainer
 
     args = st.TrainingArguments(output_dir=str(tmp_path / "ours"), total_batch_size=8, max_length=length,
                                 learning_rate=0.0, max_training_steps=1, log_steps=1, save_at_end=False,

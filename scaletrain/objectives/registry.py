@@ -29,15 +29,16 @@ class ObjectiveType:
     data_kind: str | None = None
     #: options the trainer reads (the reference model), not the objective
     trainer_options: tuple[str, ...] = ()
-    #: the trainer class that runs it, as ``module:Class`` (None: ``Trainer``); a string, since the
-    #: trainers live in a layer above this one
-    trainer: str | None = None
+    #: whether it runs under a trainer of its own, which the package of its family (a layer above this one)
+    #: registers with :func:`register_trainer` when it is imported; False: ``Trainer``
+    own_trainer: bool = False
     #: how its preference rows are prepared by default (``data.preparation``): as the TRL trainer of the same
     #: name prepares them, so a run's first step equals TRL's with no extra option (None: not preference rows)
     preparation: str | None = None
 
 
 _REGISTRY: dict[str, ObjectiveType] = {}
+_TRAINERS: dict[str, type] = {}
 
 
 def register_objective(kind: ObjectiveType) -> ObjectiveType:
@@ -46,6 +47,30 @@ def register_objective(kind: ObjectiveType) -> ObjectiveType:
         raise ValueError(f"objective type {kind.name!r} is already registered")
     _REGISTRY[kind.name] = kind
     return kind
+
+
+def register_trainer(trainer: type, *kinds: str) -> type:
+    """Make ``trainer`` the class that runs each objective type of ``kinds``: called by the package that defines
+    it (``scaletrain.preference``, ``scaletrain.rl``), so this table names classes, not import paths, and every
+    import arrow stays visible. Registering another class for a kind is a programming error."""
+    for kind in kinds:
+        if not get_objective_type(kind).own_trainer:
+            raise ValueError(f"objective type {kind!r} runs under Trainer; register it with own_trainer=True")
+        if _TRAINERS.get(kind, trainer) is not trainer:
+            raise ValueError(f"objective type {kind!r} already runs under {_TRAINERS[kind].__name__}")
+        _TRAINERS[kind] = trainer
+    return trainer
+
+
+def trainer_class(kind: str) -> type | None:
+    """The trainer class of ``kind`` (None: ``Trainer``). The caller imports the family packages first
+    (``run.objective_trainer``); a type whose trainer no imported package registered is a programming error."""
+    if not get_objective_type(kind).own_trainer:
+        return None
+    if kind not in _TRAINERS:
+        raise RuntimeError(f"objective type {kind!r} runs under its own trainer, but no imported package registered "
+                           "one (register_trainer); import its family's trainer module first")
+    return _TRAINERS[kind]
 
 
 def objective_types() -> list[str]:
@@ -153,15 +178,15 @@ def _kto(o: KTOOptions) -> Any:
 
 
 _REFERENCE = ("reference", "precompute_ref_log_probs")
-_PREFERENCE_TRAINER = "scaletrain.training.preference:PreferenceTrainer"
+_OWN_TRAINER = True  # PreferenceTrainer: scaletrain.preference.trainer registers it for these types
 register_objective(ObjectiveType("lm", LMOptions, lambda o: None))
 # TRL 1.16's DPOTrainer and KTOTrainer tokenize prompt and completion apart (trl_dpo); its ORPOTrainer and
 # CPOTrainer (SimPO is CPO's loss_type) keep the older preparation, bos before the prompt (trl_orpo)
-register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE, _PREFERENCE_TRAINER, "trl_dpo"))
-register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference", (), _PREFERENCE_TRAINER, "trl_orpo"))
-register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _PREFERENCE_TRAINER, "trl_orpo"))
-register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _PREFERENCE_TRAINER, "trl_orpo"))
-register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _PREFERENCE_TRAINER,
+register_objective(ObjectiveType("dpo", DPOOptions, _dpo, "preference", _REFERENCE, _OWN_TRAINER, "trl_dpo"))
+register_objective(ObjectiveType("orpo", ORPOOptions, _orpo, "preference", (), _OWN_TRAINER, "trl_orpo"))
+register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _OWN_TRAINER, "trl_orpo"))
+register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _OWN_TRAINER, "trl_orpo"))
+register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _OWN_TRAINER,
                                  "trl_dpo"))
 
 
@@ -169,7 +194,7 @@ def _register_grpo() -> None:
     from scaletrain.objectives.grpo_options import TRAINER_OPTIONS, GRPOOptions, build_grpo_objective
 
     register_objective(ObjectiveType("grpo", GRPOOptions, build_grpo_objective, "prompt", TRAINER_OPTIONS,
-                                     "scaletrain.rl.trainer:GRPOTrainer"))
+                                     own_trainer=True))  # scaletrain.rl.trainer registers GRPOTrainer
 
 
 _register_grpo()
@@ -195,12 +220,13 @@ def build_objective(kind: str, options: dict[str, Any] | BaseModel) -> Any:
     return get_objective_type(kind).build(validate_options(kind, options))
 
 
-def trainer_setup(kind: str, options: dict[str, Any] | BaseModel) -> tuple[str | None, dict[str, Any]]:
-    """``(trainer class path or None, keyword arguments: the objective and the trainer's options)`` for a run of
-    ``kind``; ``(None, {})`` for the default language-model loss."""
+def trainer_setup(kind: str, options: dict[str, Any] | BaseModel) -> tuple[type | None, dict[str, Any]]:
+    """``(trainer class or None, keyword arguments: the objective and the trainer's options)`` for a run of
+    ``kind`` (:func:`trainer_class`); ``(None, {})`` for the default language-model loss."""
     spec = get_objective_type(kind)
     valid = validate_options(kind, options)
     objective = spec.build(valid)
     if objective is None:
-        return spec.trainer, {}
-    return spec.trainer, {"objective": objective, **{name: getattr(valid, name) for name in spec.trainer_options}}
+        return trainer_class(kind), {}
+    return trainer_class(kind), {"objective": objective,
+                                 **{name: getattr(valid, name) for name in spec.trainer_options}}

@@ -37,7 +37,7 @@ from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions, build_grpo_objective
 from scaletrain.objectives.reference import adapters_off
-from scaletrain.objectives.registry import validate_options
+from scaletrain.objectives.registry import register_trainer, validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig
 from scaletrain.rl.batch import trim_prompt_padding
@@ -417,3 +417,6 @@ class GRPOTrainer(Trainer):
         host = {k: v[self._layout().held] for k, v in whole.items()}  # this process's rows of the whole batch
         self._scored = _Scored(self._place(host), {}, host, position["epoch"], position["index"])
         return state
+
+
+register_trainer(GRPOTrainer, "grpo")

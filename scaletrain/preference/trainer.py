@@ -4,7 +4,7 @@ Why a subclass and not a branch in the loop: the loop, the step, checkpoints and
 the objective-generic ones; what a preference run adds is set up once, when the model is
 configured — the reference (``training/frozen.py``: a copy of the starting policy, a model
 folder, or LoRA adapters off), or the reference's log-probabilities precomputed and served with
-the rows (``training/precompute.py``). The frozen-model component records the reference in
+the rows (``preference/precompute.py``). The frozen-model component records the reference in
 checkpoints and ``summary.json`` and checks it on resume; this trainer only says which it needs.
 """
 
@@ -22,7 +22,8 @@ from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.logps import row_logps
-from scaletrain.training import precompute
+from scaletrain.objectives.registry import register_trainer
+from scaletrain.preference import precompute
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.frozen import needs_reference, set_up
 from scaletrain.training.lora_state import base_record
@@ -135,3 +136,6 @@ class PreferenceTrainer(Trainer):
         if state is not None:
             state = state.replace(frozen_models=self._model_state.frozen_models)
         return super().starting_state(state, model_parameters)
+
+
+register_trainer(PreferenceTrainer, "dpo", "orpo", "cpo", "simpo", "kto")

@@ -11,7 +11,7 @@ other arguments keep their table of other names (``per_device_train_batch_size``
 model folder (its tokenizer read too; ``args`` then defaults to ``<model name>-DPO``), a
 ``peft.LoraConfig``, and datasets of text in TRL's formats (a ``datasets.Dataset``, a list of
 dicts or a file) tokenized by the recipe's data kinds. It runs
-:class:`~scaletrain.training.preference.PreferenceTrainer` with the objective built by the
+:class:`~scaletrain.preference.trainer.PreferenceTrainer` with the objective built by the
 registry from the config, so Python and recipes build the same objective.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError
 from scaletrain.objectives.registry import CPOOptions, DPOOptions, KTOOptions, ORPOOptions, build_objective
-from scaletrain.training.preference import PreferenceTrainer
+from scaletrain.preference.trainer import PreferenceTrainer
 from scaletrain.training.trl_inputs import (
     default_arguments,
     model_from,
