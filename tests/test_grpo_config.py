@@ -195,3 +195,24 @@ def test_the_example_plot_command_draws_the_reward_and_panels_say_what_the_loss_
     assert loss_title(records) == "loss (GRPO objective, not a likelihood)"
     assert loss_title([{"step": 1, "loss": 2.0, "perplexity": 7.4}]) == "loss (nats/token)"
     assert loss_title([{"step": 1, "loss": 0.69, "rewards/margins": 0.0}]) == "loss"
+
+
+def test_grpo_config_reads_and_sets_its_options_flat_as_trl_and_dpo_config_do():
+    from pydantic import ValidationError
+
+    cfg = st.GRPOConfig(num_generations=4, beta=0.1, epsilon=0.3)
+    dpo = st.DPOConfig(beta=0.2)
+    assert (cfg.num_generations, cfg.beta, cfg.loss_type, dpo.beta) == (4, 0.1, "dapo", 0.2)  # as TRL's
+    cfg.num_generations, cfg.learning_rate = 8, 1e-3
+    assert cfg.grpo.num_generations == 8 and cfg == st.GRPOConfig(num_generations=8, beta=0.1, epsilon=0.3,
+                                                                   learning_rate=1e-3)
+    assert (cfg.epsilon, cfg.grpo.epsilon) == (1e-8, 0.3)  # the one name the two mean differently: Adam's, the clip
+    with pytest.raises(ValidationError, match="'ppo' is not one of"):
+        cfg.loss_type = "ppo"
+    assert cfg.loss_type == "dapo"
+
+
+@pytest.mark.parametrize("trainer", ["DPOTrainer", "KTOTrainer", "GRPOTrainer"])
+def test_a_trainer_argument_given_under_two_names_is_refused_naming_both(trainer):
+    with pytest.raises(ConfigError, match=r"give 'args' or 'arguments', not both \(the same argument under two"):
+        getattr(st, trainer)(model=None, args=st.TrainingArguments(), arguments=st.TrainingArguments())

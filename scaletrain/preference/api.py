@@ -25,6 +25,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.objectives.registry import CPOOptions, DPOOptions, KTOOptions, ORPOOptions, build_objective
 from scaletrain.preference.trainer import PreferenceTrainer
 from scaletrain.training.trl_inputs import (
+    ArgumentNames,
     default_arguments,
     model_from,
     preference_rows,
@@ -64,8 +65,8 @@ class _PreferenceTrainerBase(PreferenceTrainer):
         who = type(self).__name__
         named = {"model": model, "ref_model": ref_model, "args": args, "train_dataset": train_dataset,
                  "eval_dataset": eval_dataset, "processing_class": processing_class, **kwargs}
-        pick = _Picker(named)
-        arguments, model = pick(("args", "arguments")), pick(("model",))
+        pick = ArgumentNames(named)
+        arguments, model = pick("args", "arguments"), pick("model")
         if arguments is None and isinstance(model, (str, os.PathLike)):  # TRL's default: "<model name>-DPO"
             arguments = default_arguments(self.config_class, model, self.kind.upper())
         if arguments is None:
@@ -73,7 +74,7 @@ class _PreferenceTrainerBase(PreferenceTrainer):
         if not isinstance(arguments, self.config_class):
             raise ConfigError(f"{who}(args=...) takes a {self.config_class.__name__}, got "
                               f"{type(arguments).__name__}")
-        reference = pick(("ref_model", "reference_model"))
+        reference = pick("ref_model", "reference_model")
         if reference is not None and not self.reads_reference:
             raise ConfigError(f"{who} reads no reference model; drop ref_model")
         options = {k: getattr(arguments, k) for k in self.config_class.model_fields
@@ -84,31 +85,14 @@ class _PreferenceTrainerBase(PreferenceTrainer):
             reference = reference if reference is not None else options.get("reference")
             extra = {"reference": reference, "precompute_ref_log_probs": options.get("precompute_ref_log_probs")}
         model, folder = model_from(model, arguments, who)
-        tokenizer = tokenizer_from(pick(("processing_class", "tokenizer")), folder)
+        tokenizer = tokenizer_from(pick("processing_class", "tokenizer"), folder)
         arguments = with_peft_config(arguments, peft_config, model, folder, who)
-        train, evals = preference_rows(pick(("train_dataset", "dataset_train")), pick(("eval_dataset", "dataset_eval")),
+        train, evals = preference_rows(pick("train_dataset", "dataset_train"), pick("eval_dataset", "dataset_eval"),
                                        tokenizer, arguments, kind=self.data_kind, preparation=self.preparation, who=who)
         super().__init__(
             arguments, model=model, objective=objective, dataset_train=train, dataset_eval=evals,
             tokenizer=tokenizer, data_collator=data_collator, **extra, **pick.rest(),
         )
-
-
-class _Picker:
-    """Takes each argument under its first given name, refusing two names for the same thing."""
-
-    def __init__(self, named: dict[str, Any]):
-        self.named = dict(named)
-
-    def __call__(self, names: tuple[str, ...]) -> Any:
-        given = [n for n in names if self.named.get(n) is not None]
-        if len(given) > 1:
-            raise ConfigError(f"give {given[0]!r} or {given[1]!r}, not both (the same argument under two names)")
-        values = [self.named.pop(n, None) for n in names]
-        return next((v for v in values if v is not None), None)
-
-    def rest(self) -> dict[str, Any]:
-        return {k: v for k, v in self.named.items() if v is not None}
 
 
 class DPOTrainer(_PreferenceTrainerBase):

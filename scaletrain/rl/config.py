@@ -7,7 +7,13 @@ TRL means it, the clip, and Adam's is ``adam_epsilon`` (translated as everywhere
 other GRPO name (``num_generations``, ``beta``, ``loss_type``, ``scale_rewards``,
 ``max_completion_length``, EasyDeL's ``num_return_sequences``, ...) goes to ``grpo`` too, and the
 rest are training arguments with their usual table of other names (``max_steps``,
-``per_device_train_batch_size``, ...). ``config.grpo.beta`` reads an option back.
+``per_device_train_batch_size``, ...).
+
+Read and set like TRL's flat dataclass, as ``DPOConfig`` is: ``config.beta``,
+``config.num_generations = 8`` reach ``config.grpo`` (a set is validated as at construction),
+so the Python configs look alike. The one exception is the name the two mean differently:
+``config.epsilon`` is the training argument (Adam's, which the optimizer reads), and the clip is
+``config.grpo.epsilon``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
 
 # TRL's vLLM options too: GRPOOptions says what they mean here (none is needed)
 _GRPO_NAMES = frozenset(GRPOOptions.model_fields) | {"num_return_sequences"} | TRL_VLLM_OPTIONS
+#: the options read and set flat on the config (every one but ``epsilon``, a training argument there)
+_FLAT = frozenset(GRPOOptions.model_fields) - frozenset(TrainingArguments.model_fields)
 
 
 class GRPOConfig(TrainingArguments):
@@ -40,3 +48,14 @@ class GRPOConfig(TrainingArguments):
                 given = given.model_dump()
             data["grpo"] = GRPOOptions(**{**(given or {}), **picked})
         return handler(data)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FLAT:  # only names that are not attributes of the config itself arrive here
+            return getattr(self.grpo, name)
+        return super().__getattr__(name)  # type: ignore[misc]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FLAT:
+            super().__setattr__("grpo", GRPOOptions(**{**self.grpo.model_dump(), name: value}))
+            return
+        super().__setattr__(name, value)

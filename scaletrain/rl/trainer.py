@@ -67,7 +67,7 @@ from scaletrain.training.frozen import set_up
 from scaletrain.training.state import FrozenModel, TrainState, state_shardings
 from scaletrain.training.steps import train_step
 from scaletrain.training.trainer import Trainer
-from scaletrain.training.trl_inputs import default_arguments, model_from, tokenizer_from, with_peft_config
+from scaletrain.training.trl_inputs import default_arguments, model_from, one_of, tokenizer_from, with_peft_config
 
 logger = logging.getLogger("scaletrain")
 
@@ -86,14 +86,6 @@ class _Scored:
     index: int
     update_flops: float | None = None  # model FLOPs of one update on this batch (rl/flops.py); None: not known
     update_tokens: float = 0.0  # the real tokens (prompt + completion) the update reads
-
-
-def _one_of(**named: Any) -> Any:
-    """The one argument given among names for the same thing (TRL's and ours); ConfigError for two."""
-    given = [k for k, v in named.items() if v is not None]
-    if len(given) > 1:
-        raise ConfigError(f"give {given[0]!r} or {given[1]!r}, not both (the same argument under two names)")
-    return named[given[0]] if given else None
 
 
 def check_batch_size(total_batch_size: int, num_generations: int) -> int:
@@ -123,12 +115,12 @@ class GRPOTrainer(Trainer):
                  dataset_train: Any = None, dataset_eval: Any = None, tokenizer: Any = None,
                  options: GRPOOptions | dict[str, Any] | None = None, objective: Any = None,
                  eval_bytes_per_token: float | None = None, peft_config: Any = None, **kwargs: Any):
-        arguments = _one_of(args=args, arguments=arguments)
+        arguments = one_of(args=args, arguments=arguments)
         if arguments is None and isinstance(model, (str, os.PathLike)):  # TRL's default: "<model name>-GRPO"
             arguments = default_arguments(GRPOConfig, model, "GRPO")
-        dataset_train = _one_of(train_dataset=train_dataset, dataset_train=dataset_train)
+        dataset_train = one_of(train_dataset=train_dataset, dataset_train=dataset_train)
         model, folder = model_from(model, arguments, "GRPOTrainer")
-        tokenizer = tokenizer_from(_one_of(processing_class=processing_class, tokenizer=tokenizer), folder)
+        tokenizer = tokenizer_from(one_of(processing_class=processing_class, tokenizer=tokenizer), folder)
         if arguments is not None:
             arguments = with_peft_config(arguments, peft_config, model, folder, "GRPOTrainer")
         if arguments is None or dataset_train is None:
@@ -139,7 +131,7 @@ class GRPOTrainer(Trainer):
         if isinstance(options, GRPOOptions):
             options = options.model_dump()
         self.options = validate_options("grpo", {**base, **dict(options or {}), **fields})
-        if _one_of(eval_dataset=eval_dataset, dataset_eval=dataset_eval) is not None:
+        if one_of(eval_dataset=eval_dataset, dataset_eval=dataset_eval) is not None:
             raise ConfigError("GRPO has no evaluation split (its figures are logged every step): drop eval_dataset "
                               "(data.eval_source / eval_fraction)")
         o = self.options

@@ -31,6 +31,32 @@ _PEFT_MAPPED = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "
                 "use_rslora": "rslora"}
 
 
+class ArgumentNames:
+    """The keyword arguments of a trainer that takes one thing under several names (TRL's ``args``, EasyDeL's and
+    ours ``arguments``; ``ref_model`` / ``reference_model``; ``train_dataset`` / ``dataset_train``, ...): each is
+    taken under whichever name was given, and two names given for the same thing are refused, naming both."""
+
+    def __init__(self, named: Mapping[str, Any]):
+        self.named = dict(named)
+
+    def __call__(self, *names: str) -> Any:
+        """The value given under one of ``names`` (None: none given); taken, so :meth:`rest` no longer holds it."""
+        given = [n for n in names if self.named.get(n) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"give {given[0]!r} or {given[1]!r}, not both (the same argument under two names)")
+        values = [self.named.pop(n, None) for n in names]
+        return next((v for v in values if v is not None), None)
+
+    def rest(self) -> dict[str, Any]:
+        """The arguments given and not taken yet."""
+        return {k: v for k, v in self.named.items() if v is not None}
+
+
+def one_of(**named: Any) -> Any:
+    """The one argument given among ``named`` (names for the same thing); ConfigError naming two given."""
+    return ArgumentNames(named)(*named)
+
+
 def model_from(model: Any, args: TrainingArguments | None, who: str) -> tuple[Any, str | None]:
     """``(module, folder)``: ``model`` itself, or the model in the local folder ``model`` names (TRL's
     ``model="..."``), built with the arguments' dtypes. A torch model is refused with what to pass instead."""
