@@ -45,6 +45,8 @@ class LayerInputs(NamedTuple):
     rope: tuple[Array, Array]  # rope_tables(positions, inv_freq)
     valid: Array  # [B, T] float32: 1 on real tokens (what router statistics count)
     start: Array | None = None  # the cache slot of the first token when decoding, else None
+    # [B, T] the documents (0: padding) in the layer's row order: where linear-attention layers restart
+    segment_ids: Array | None = None
 
 
 class PreparedInputs(NamedTuple):
@@ -67,7 +69,8 @@ def training_inputs(config: DecoderConfig, kinds: tuple[LayerKind, ...], input_i
         inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, kind.window, kind.inv_freq,
                                 mechanism)
         ids, inputs, restore = zigzag_inputs(config.partition_axis.sequence_axis, input_ids, inputs)
-        by_kind.append(LayerInputs(inputs.mask, inputs.rope, (inputs.segment_ids != 0).astype(jnp.float32)))
+        by_kind.append(LayerInputs(inputs.mask, inputs.rope, (inputs.segment_ids != 0).astype(jnp.float32),
+                                   segment_ids=inputs.segment_ids))
     return PreparedInputs(ids, tuple(by_kind), restore)
 
 
@@ -85,6 +88,8 @@ def cache_inputs(kinds: tuple[LayerKind, ...], input_ids: Array, positions: Arra
     t = input_ids.shape[1]
     if isinstance(start, int) and start == 0:
         kv_valid = kv_valid[:, :t]
+    # the new tokens' documents: a prompt's left padding (0) apart from its text (1)
+    documents = jax.lax.dynamic_slice_in_dim(kv_valid, start, t, axis=1).astype(jnp.int32)
     by_kind = tuple(LayerInputs(build_cache_mask(start, t, kv_valid, kind.window),
-                                rope_tables(positions, kind.inv_freq), valid, start) for kind in kinds)
+                                rope_tables(positions, kind.inv_freq), valid, start, documents) for kind in kinds)
     return PreparedInputs(input_ids, by_kind, None)
