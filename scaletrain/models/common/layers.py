@@ -101,7 +101,7 @@ class Attention(nnx.Module):
         future or outside the window.
         """
         b, t, _ = x.shape
-        q, k, v = self._qkv(x, inputs.rope)
+        q, k, v, gate = self._qkv_gate(x, inputs.rope)
         if cache is not None:
             keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), inputs.start, axis=1)
             values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), inputs.start, axis=1)
@@ -114,7 +114,10 @@ class Attention(nnx.Module):
                                             sinks=self._sink_logits())
         else:
             out = checkpoint_name(self._attend(q, k, v, inputs.mask), ATTENTION_OUTPUT)
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
+        out = out.reshape(b, t, self.num_heads * self.head_dim)
+        if gate is not None:  # gated attention (Qwen3.5, Qwen3-Next): an output gate per head dimension
+            out = (out * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(out.dtype)
+        return self.o_proj(out), cache
 
     def _attend(self, q: Array, k: Array, v: Array, mask: Any) -> Array:
         """The training attention: the flash kernel, cuDNN, or the einsum path (see ``training_mechanism``)."""
@@ -151,6 +154,10 @@ class Attention(nnx.Module):
     def _head_norm(self, config: DecoderConfig, dtype: Any, param_dtype: Any) -> nnx.Module | None:
         """Qwen3's norm over head_dim for q or k, applied before RoPE (None unless ``qk_norm``)."""
         return RMSNorm(config.head_dim, config.rms_norm_eps, dtype, param_dtype) if config.qk_norm else None
+
+    def _qkv_gate(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array, Array | None]:
+        """:meth:`_qkv` and the output gate [B, T, heads * D] (None: no gate; gated attention sets one)."""
+        return (*self._qkv(x, rope), None)
 
     def _qkv(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
         """Queries, keys (normed per head when ``qk_norm``, then rotated) and values [B, T, heads, D]."""

@@ -29,8 +29,13 @@ Array = jax.Array
 
 def rope_inv_freq(config: DecoderConfig) -> jnp.ndarray:
     """Inverse frequencies of RoPE, with ``linear``, ``llama3`` and ``yarn`` scaling (YaRN's attention factor:
-    :func:`rope_attention_factor`)."""
-    dim = config.head_dim
+    :func:`rope_attention_factor`).
+
+    A config with ``partial_rotary_factor`` < 1 (Qwen3.5, Qwen3-Next) rotates only the first
+    ``int(head_dim * factor)`` dimensions of each head: the tables are that much shorter and
+    :func:`apply_rope` passes the rest through.
+    """
+    dim = int(config.head_dim * getattr(config, "partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
     scaling = config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type"))
@@ -115,8 +120,12 @@ def rope_tables(positions: Array, inv_freq: Array) -> tuple[Array, Array]:
 
 
 def apply_rope(x: Array, rope: tuple[Array, Array]) -> Array:
-    """Rotate ``x`` [B, T, H, D] by the :func:`rope_tables` (half-split layout, as transformers)."""
+    """Rotate ``x`` [B, T, H, D] by the :func:`rope_tables` (half-split layout, as transformers); tables
+    shorter than D/2 (partial RoPE) rotate the first dimensions and leave the rest as they are."""
     cos, sin = rope
+    rotary = 2 * cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return jnp.concatenate([apply_rope(x[..., :rotary], rope), x[..., rotary:]], axis=-1)
     x32 = x.astype(jnp.float32)
     x1, x2 = jnp.split(x32, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
