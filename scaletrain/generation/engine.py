@@ -192,7 +192,9 @@ def sharded_cache(model: nnx.Module, batch: int, length: int) -> Any:
     spec = (pa.batch_axis, None, pa.kv_head_axis, None)
     if isinstance(cache, KVCache):  # stacked layers: a leading layer axis
         return KVCache(*(constrain(x, (None, *spec)) for x in cache))
-    return [KVCache(*(constrain(x, spec) for x in layer)) for layer in cache]
+    # a layer's state of another kind (linear attention's): rows over the batch axes, the rest whole
+    return [KVCache(*(constrain(x, spec) for x in layer)) if isinstance(layer, KVCache)
+            else jax.tree.map(lambda x: constrain(x, (pa.batch_axis,)), layer) for layer in cache]
 
 
 _MAX_ENGINES = 8

@@ -73,12 +73,17 @@ class DecoderModel(nnx.Module):
             logical_axes=("vocab", "embed"),
         )
         # each layer from its own key: identical layers share one compiled initialiser (unrolled_layers)
-        layer = self.layer_class
-        build = lambda _, r: layer(config, dtype, param_dtype, precision, r)  # noqa: E731
+        build = lambda i, r: self.build_layer(i, config, dtype, param_dtype, precision, r)  # noqa: E731
         self.layers = (StackedLayers(build, config.num_hidden_layers, rngs.params()) if config.scan_layers
                        else build_layers(build, config.num_hidden_layers, rngs))
         self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps, dtype, param_dtype)
         self.dtype = dtype
+
+    def build_layer(self, index: int, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any,
+                    rngs: nnx.Rngs) -> nnx.Module:
+        """Decoder layer ``index``: ``layer_class`` for every index here; a hybrid family (Qwen3.5's linear
+        and full-attention layers) builds each index as its kind."""
+        return self.layer_class(config, dtype, param_dtype, precision, rngs)
 
 
 class CausalLM(nnx.Module):
@@ -228,15 +233,20 @@ class CausalLM(nnx.Module):
 
     # -- incremental decoding ---------------------------------------------------------
     def init_cache(self, batch_size: int, max_length: int, dtype: Any = None) -> Cache:
-        """Empty per-layer key/value caches of ``max_length`` slots (compute dtype by default): a list,
-        or with stacked layers one cache with a leading layer axis, which the decoding scan reads."""
+        """Empty per-layer decode caches (compute dtype by default): a list, or with stacked layers one
+        cache with a leading layer axis, which the decoding scan reads.
+
+        Each layer is asked for its own kind of state (``layer.init_cache(config, batch, max_length,
+        dtype)`` where it defines one: a linear-attention layer's fixed-size recurrent and convolution
+        state); a layer without one gets ``max_length`` key/value slots."""
         cfg = self.config
         shape = (batch_size, max_length, cfg.num_key_value_heads, cfg.head_dim)
         dtype = self.dtype if dtype is None else dtype
         if isinstance(self.model.layers, StackedLayers):
             stacked = (cfg.num_hidden_layers, *shape)
             return KVCache(jnp.zeros(stacked, dtype), jnp.zeros(stacked, dtype))
-        return [KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
+        return [layer.init_cache(cfg, batch_size, max_length, dtype) if hasattr(layer, "init_cache")
+                else KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for layer in self.model.layers]
 
     def forward_with_cache(self, input_ids: Array, positions: Array, cache: Cache, start: Array,
                            kv_valid: Array) -> tuple[Array, Cache]:
