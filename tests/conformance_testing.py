@@ -46,11 +46,14 @@ class FamilyCase:
     variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     #: LoRAConfig fields of the LoRA check
     lora: dict[str, Any] = dataclasses.field(default_factory=lambda: dict(LORA_ALL_LINEAR))
+    #: False: the family refuses scan_layers (its layer kinds are not one stack)
+    scan_layers: bool = True
 
 
 def _case(row: FamilyConformance) -> FamilyCase:
     lora = {"all-linear": LORA_ALL_LINEAR, "attention": LORA_ATTENTION}[row.lora]
-    return FamilyCase(hf=dict(row.hf), load=dict(row.load), variants=dict(row.variants), lora=dict(lora))
+    return FamilyCase(hf=dict(row.hf), load=dict(row.load), variants=dict(row.variants), lora=dict(lora),
+                      scan_layers=row.scan_layers)
 
 
 #: model_type -> its case, from the conformance row each family registers beside itself

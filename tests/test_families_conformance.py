@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from scaletrain.errors import ConfigError
 from scaletrain.models.registry import AutoModelForCausalLM
 from conformance_testing import (
     FAMILIES,
@@ -175,7 +176,13 @@ def test_greedy_generation_matches_transformers(family: Loaded) -> None:
 def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:
     """The same folder loaded with ``scan_layers=True``: the unrolled model's parameters stacked, its
     logits (and transformers'), transformers' greedy tokens (the decoding scan over a stacked cache), and an export
-    that is transformers' very tensors."""
+    that is transformers' very tensors. A family whose layer kinds cannot be one stack refuses it in
+    one line naming the key instead."""
+    if not FAMILIES[family.name].scan_layers:
+        with pytest.raises(ConfigError, match=r"scan_layers") as refused:
+            AutoModelForCausalLM.from_pretrained(family.folder, **family.load, scan_layers=True)
+        assert "\n" not in str(refused.value)
+        return
     scanned = AutoModelForCausalLM.from_pretrained(family.folder, **family.load, scan_layers=True)
     assert "stack" in nnx.to_pure_dict(nnx.state(scanned))["model"]["layers"]
     got = unstacked(nnx.to_pure_dict(nnx.state(scanned, nnx.Param)))

@@ -38,13 +38,17 @@ class FamilyConformance:
     ``load``: keyword arguments of our ``from_pretrained`` (e.g. an ``ep`` mesh); ``variants``: further
     overrides on ``TINY`` checked for logits and the export round trip only; ``lora``: which layers the
     PEFT check adapts ("all-linear" with trained norms, or "attention": q/k/v/o only, where
-    transformers' experts are fused tensors PEFT's "all-linear" does not name as ours does).
+    transformers' experts are fused tensors PEFT's "all-linear" does not name as ours does);
+    ``scan_layers``: False where the family's layer kinds cannot be one stack (Qwen3.5's linear and full
+    attention layers hold different parameters): the suite then checks that asking for it is refused
+    in one line instead of comparing scanned and unrolled layers.
     """
 
     hf: dict[str, Any] = dataclasses.field(default_factory=dict)
     load: dict[str, Any] = dataclasses.field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lora: Literal["all-linear", "attention"] = "all-linear"
+    scan_layers: bool = True
 
 
 #: HF ``model_type`` -> how the conformance suite checks it
