@@ -216,3 +216,9 @@ def test_grpo_config_reads_and_sets_its_options_flat_as_trl_and_dpo_config_do():
 def test_a_trainer_argument_given_under_two_names_is_refused_naming_both(trainer):
     with pytest.raises(ConfigError, match=r"give 'args' or 'arguments', not both \(the same argument under two"):
         getattr(st, trainer)(model=None, args=st.TrainingArguments(), arguments=st.TrainingArguments())
+
+
+def test_grpo_config_round_trips_through_its_dump():
+    cfg = st.GRPOConfig(num_generations=4, beta=0.1, epsilon=0.3, adam_epsilon=1e-6)
+    back = st.GRPOConfig.model_validate(cfg.model_dump())
+    assert back == cfg and (back.grpo.epsilon, back.epsilon) == (0.3, 1e-6)  # the clip stays the clip

@@ -13,7 +13,8 @@ Read and set like TRL's flat dataclass, as ``DPOConfig`` is: ``config.beta``,
 ``config.num_generations = 8`` reach ``config.grpo`` (a set is validated as at construction),
 so the Python configs look alike. The one exception is the name the two mean differently:
 ``config.epsilon`` is the training argument (Adam's, which the optimizer reads), and the clip is
-``config.grpo.epsilon``.
+``config.grpo.epsilon``. Given beside a nested ``grpo`` (as ``model_dump()`` writes it), ``epsilon``
+is that training argument too, so a config read back from its dump equals it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class GRPOConfig(TrainingArguments):
         if isinstance(data, dict):
             data = dict(data)
             given = data.pop("grpo", None)
-            picked = {k: data.pop(k) for k in list(data) if k in _GRPO_NAMES}
+            # beside a nested ``grpo`` (a dump read back), ``epsilon`` is the training argument it sat beside
+            names = _GRPO_NAMES - {"epsilon"} if given is not None else _GRPO_NAMES
+            picked = {k: data.pop(k) for k in list(data) if k in names}
             if isinstance(given, GRPOOptions):
                 given = given.model_dump()
             data["grpo"] = GRPOOptions(**{**(given or {}), **picked})
