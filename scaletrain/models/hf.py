@@ -37,9 +37,10 @@ from scaletrain.folders import recover, refuse_foreign, staged
 from scaletrain.key_paths import dotted
 from scaletrain.models.common.config import DecoderConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
+from scaletrain.models.common.mxfp4 import QUANT_METHOD, Mxfp4Source, load_mxfp4, mxfp4_source
 from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
 from scaletrain.models.common.scanned_layers import per_layer_names
-from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config
+from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config, read_hf_config
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import PartitionAxis
 
@@ -219,17 +220,26 @@ def load_hf_checkpoint(
     mesh = mesh if mesh is not None else mesh_for_config(config)
     graphdef, targets = abstract_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
                                                precision=precision, mesh=mesh)
-    needed = _needed_tensors(targets, files, config, local_dir)
+    quantization = read_hf_config(local_dir).get("quantization_config") or {}
+    mxfp4 = quantization.get("quant_method") == QUANT_METHOD  # config_from_hf let only a family that reads it by
+    needed = _needed_tensors(targets, files, config, local_dir, mxfp4)
+    if mxfp4:
+        logger.info("%s: MXFP4 experts dequantised to %s on load; an export writes them unquantised, without "
+                    "quantization_config", local_dir, dtype_name(param_dtype))
     return nnx.merge(graphdef, _read_tensors(targets, needed, files))
 
 
-def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig,
-                    local_dir: str) -> dict[str, Source]:
-    """Our parameter name -> its :class:`Source`; CheckpointError if the files lack a tensor
-    or hold a tensor this model_type does not use."""
+def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, local_dir: str,
+                    mxfp4: bool = False) -> dict[str, Source | Mxfp4Source]:
+    """Our parameter name -> its :class:`Source` (an :class:`Mxfp4Source` for a tensor an ``mxfp4`` folder stores
+    as blocks and scales); CheckpointError if the files lack a tensor or hold one this model_type does not use."""
     flat = jax.tree_util.tree_flatten_with_path(targets)[0]
     whole = getattr(config, "experts_stored_whole", False)
-    needed = {_path_name(p): hf_source(_path_name(p), tuple(t.shape), whole) for p, t in flat}
+    needed: dict[str, Source | Mxfp4Source] = {
+        _path_name(p): hf_source(_path_name(p), tuple(t.shape), whole) for p, t in flat}
+    if mxfp4:
+        needed = {name: (mxfp4_source(s.tensors, s.stacked, files) or s)
+                  if any(t not in files for t in s.tensors) else s for name, s in needed.items()}
     used = {hf for source in needed.values() for hf in source.tensors}
     missing = sorted(hf for hf in used if hf not in files)
     if missing:
@@ -246,7 +256,7 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig,
     return needed
 
 
-def _read_tensors(targets: Any, needed: dict[str, Source], files: dict[str, str]) -> Any:
+def _read_tensors(targets: Any, needed: dict[str, Source | Mxfp4Source], files: dict[str, str]) -> Any:
     """``targets`` with every ``jax.ShapeDtypeStruct`` replaced by its tensor, sharded as it says.
 
     Tensors are loaded in file order, one at a time, with the files each needs open (one,
@@ -263,7 +273,9 @@ def _read_tensors(targets: Any, needed: dict[str, Source], files: dict[str, str]
             for name in by_files[paths]:
                 source = needed[name]
                 by_tensor = {t: handles[files[t]] for t in source.tensors}
-                loaded[name] = _load_sharded(by_tensor, source, flat_targets[name])
+                loaded[name] = (load_mxfp4(by_tensor, source, flat_targets[name], files)
+                                if isinstance(source, Mxfp4Source) else
+                                _load_sharded(by_tensor, source, flat_targets[name]))
     return jax.tree_util.tree_map_with_path(lambda p, _: loaded[_path_name(p)], targets)
 
 

@@ -80,8 +80,13 @@ def config_from_hf(raw: dict[str, Any], where: str = CONFIG_FILE, **runtime: Any
     than building a model that would silently compute something else.
     """
     family = FAMILIES[supported_model_type(raw, where)]
-    if raw.get("quantization_config"):
-        raise ConfigError(f"{where}: quantized checkpoints (quantization_config) are not supported; dequantize first")
+    quantization = raw.get("quantization_config")
+    if quantization and (not isinstance(quantization, dict)
+                         or quantization.get("quant_method") not in family.quantizations):
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        readable = f" ({family.model_type} reads {list(family.quantizations)})" if family.quantizations else ""
+        raise ConfigError(f"{where}: quantization_config with quant_method {method!r} is not supported"
+                          f"{readable}; dequantize first")
     check_hf_layer_types(raw, family.config_class, where)  # before transformers' own, many-line refusal
     try:
         hf = family.transformers_config().from_dict(dict(raw))

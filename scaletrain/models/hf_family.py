@@ -40,6 +40,8 @@ class HFFamily:
     config_class: type[DecoderConfig]
     from_hf: Callable[[Any, str], dict[str, Any]]
     to_hf: Callable[[DecoderConfig, Refuse], dict[str, Any]]
+    #: ``quantization_config.quant_method`` values whose folders load, dequantised (GPT-OSS: ``mxfp4``)
+    quantizations: tuple[str, ...] = ()
 
     @property
     def model_type(self) -> str:

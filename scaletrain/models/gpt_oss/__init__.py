@@ -1,12 +1,14 @@
 """GPT-OSS: attention sinks, alternating sliding/full layers, biased top-k experts with a clamped SwiGLU, YaRN;
-checkpoints whose experts are MXFP4 blocks load dequantised (:mod:`scaletrain.models.gpt_oss.mxfp4`)."""
+checkpoints whose experts are MXFP4 blocks load dequantised (:mod:`scaletrain.models.common.mxfp4`)."""
 
 from scaletrain.models.common.family import FamilyConformance, register
+from scaletrain.models.common.mxfp4 import QUANT_METHOD
 from scaletrain.models.gpt_oss.config import GptOssConfig, gpt_oss_from_hf, gpt_oss_to_hf
 from scaletrain.models.gpt_oss.model import GptOssForCausalLM
 from scaletrain.models.hf_family import HFFamily
 
-GPT_OSS = HFFamily("GptOssForCausalLM", "GptOssConfig", GptOssConfig, gpt_oss_from_hf, gpt_oss_to_hf)
+GPT_OSS = HFFamily("GptOssForCausalLM", "GptOssConfig", GptOssConfig, gpt_oss_from_hf, gpt_oss_to_hf,
+                   quantizations=(QUANT_METHOD,))
 #: four layers: sliding (window 8, shorter than the test rows and prompts), full, sliding, full; top-2 of 4 experts
 #: of width 24 (the suite randomises every parameter: router and expert biases, sinks); a swiglu_limit of 0.5 that
 #: random activations cross, so both clamps bend; YaRN with the released ramp (truncate false) over an original

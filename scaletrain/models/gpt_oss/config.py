@@ -13,18 +13,16 @@ from typing import Any, ClassVar
 
 from pydantic import field_validator, model_validator
 
-from scaletrain.errors import ConfigError
 from scaletrain.models.common.config import DecoderConfig, positive
-from scaletrain.models.hf_family import Refuse, base_fields, base_hf_kwargs, check_silu
+from scaletrain.models.common.layer_types import SLIDING_ATTENTION, LayerTypedConfig, every_nth_full
 from scaletrain.models.common.moe_config import check_moe
-
-FULL, SLIDING = "full_attention", "sliding_attention"
+from scaletrain.models.hf_family import Refuse, base_fields, base_hf_kwargs, check_silu
 #: released GPT-OSS RoPE: YaRN stretching a 4096-token context 32 times, ramp ends not rounded
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096}
 
 
-class GptOssConfig(DecoderConfig):
+class GptOssConfig(LayerTypedConfig):
     """GPT-OSS: sinks, alternating sliding/full layers, biased top-k experts with a clamped SwiGLU, YaRN.
 
     The defaults are GPT-OSS-20B's published config (openai/gpt-oss-20b, config.json)."""
@@ -49,7 +47,6 @@ class GptOssConfig(DecoderConfig):
     rope_scaling: dict[str, Any] | None = dict(GPT_OSS_YARN)
     attention_bias: bool = True
     sliding_window: int | None = 128
-    layer_types: list[str] | None = None
     num_local_experts: int = 32
     num_experts_per_tok: int = 4
     swiglu_alpha: float = 1.702
@@ -65,18 +62,15 @@ class GptOssConfig(DecoderConfig):
     def _positive_swiglu(cls, value: float) -> float:
         return positive(value)
 
+    @classmethod
+    def default_layer_types(cls, config: LayerTypedConfig) -> list[str]:
+        """As transformers: sliding first, then every other layer full."""
+        return every_nth_full(config.num_hidden_layers, 2)
+
     @model_validator(mode="after")
     def _gpt_oss(self) -> GptOssConfig:
-        if self.layer_types is None:  # as transformers: sliding first, then every other layer
-            types = [SLIDING if (i + 1) % 2 else FULL for i in range(self.num_hidden_layers)]
-            object.__setattr__(self, "layer_types", types)
-        unknown = sorted({t for t in self.layer_types if t not in (FULL, SLIDING)})
-        if unknown or len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types must list {FULL!r} or {SLIDING!r} for each of the "
-                             f"{self.num_hidden_layers} layers" + (f"; unknown: {unknown}" if unknown else
-                                                                    f", got {len(self.layer_types)}"))
-        if SLIDING in self.layer_types and not self.sliding_window:
-            raise ValueError("sliding_window must be set when layer_types has sliding_attention layers")
+        if self.no_rope_layers is not None:
+            raise ValueError("no_rope_layers: every GPT-OSS layer rotates by RoPE")
         if self.qk_norm or self.qkv_bias:
             raise ValueError("qk_norm/qkv_bias are not GPT-OSS options (its four projections take attention_bias)")
         check_moe(self)
@@ -94,9 +88,6 @@ class GptOssConfig(DecoderConfig):
     def normalize_top_k(self) -> bool:
         """A softmax over the k largest router logits: the top-k of the full softmax, renormalised."""
         return True
-
-    def attention_window(self, layer: int = 0) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == SLIDING else None
 
     def _params(self, experts: int) -> int:
         h, i, e = self.hidden_size, self.intermediate_size, self.num_local_experts
@@ -120,16 +111,12 @@ class GptOssConfig(DecoderConfig):
 # config.json
 # ---------------------------------------------------------------------------------
 def gpt_oss_from_hf(hf: Any, where: str) -> dict[str, Any]:
-    check_silu(hf, where)
-    unknown = sorted({t for t in hf.layer_types if t not in (FULL, SLIDING)})
-    if unknown:
-        raise ConfigError(f"{where}: layer_types: unknown layer type(s) {unknown}; GPT-OSS layers are "
-                          f"{FULL!r} or {SLIDING!r}")
+    check_silu(hf, where)  # unknown layer_types entries: hf_config.check_hf_layer_types, before transformers'
     return {
         **base_fields(hf, where),
         "hidden_act": "silu",
         "attention_bias": bool(hf.attention_bias),
-        "sliding_window": hf.sliding_window if SLIDING in hf.layer_types else None,
+        "sliding_window": hf.sliding_window if SLIDING_ATTENTION in hf.layer_types else None,
         "layer_types": list(hf.layer_types),
         **{key: getattr(hf, key) for key in ("num_local_experts", "num_experts_per_tok", "swiglu_alpha",
                                              "swiglu_limit", "router_aux_loss_coef")},

@@ -24,12 +24,12 @@ from flax import nnx
 from jax import lax
 
 from scaletrain.models.common.decoder import DecoderModel
-from scaletrain.models.common.inputs import LayerInputs, LayerKind
+from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import Attention
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.dense import Dense, RMSNorm, _init
-from scaletrain.models.gpt_oss.config import FULL, SLIDING, GptOssConfig
-from scaletrain.models.kernels.attention import KVCache, rope_inv_freq
+from scaletrain.models.gpt_oss.config import GptOssConfig
+from scaletrain.models.kernels.attention import KVCache
 from scaletrain.models.common.moe import RouterStats, dispatch, route, router_stats
 from scaletrain.models.common.moe_decoder import ROUTER, MoeForCausalLM, MoeModel
 from scaletrain.models.common.placement import active_placement
@@ -147,15 +147,8 @@ class GptOssModel(MoeModel):
 
 
 class GptOssForCausalLM(MoeForCausalLM):
-    """GPT-OSS with its (untied) head."""
+    """GPT-OSS with its (untied) head; its layers' kinds (sliding window or full, one RoPE) come from
+    ``layer_types`` (:mod:`scaletrain.models.common.layer_types`)."""
 
     config_class: ClassVar[type[DecoderConfig]] = GptOssConfig
     base_model_class: ClassVar[type[DecoderModel]] = GptOssModel
-
-    def layer_kinds(self) -> tuple[tuple[LayerKind, ...], list[int]]:
-        """Sliding layers attend within ``sliding_window``, full ones to everything; one RoPE for both."""
-        cfg = self.config
-        inv_freq = rope_inv_freq(cfg)
-        kinds = {SLIDING: LayerKind(cfg.sliding_window, inv_freq), FULL: LayerKind(None, inv_freq)}
-        names = [name for name in (SLIDING, FULL) if name in cfg.layer_types]
-        return tuple(kinds[n] for n in names), [names.index(t) for t in cfg.layer_types]
