@@ -88,7 +88,18 @@ GEMMA3_1B: dict[str, Any] = dict(
     rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=512, sliding_window_pattern=6,
     query_pre_attn_scalar=256, tie_word_embeddings=True,
 )
-MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B, "gemma3-1b": GEMMA3_1B}
+#: GPT-OSS-20B's architecture (openai/gpt-oss-20b's config.json; its MXFP4 experts load dequantised, so the
+#: step trains bf16/fp32 weights): 24 layers alternating a 128-token window and full attention, attention
+#: sinks, top-4 of 32 biased experts, YaRN; 20.9B parameters, 3.6B active
+GPT_OSS_20B: dict[str, Any] = dict(
+    model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+    num_attention_heads=64, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
+    rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "truncate": False, "original_max_position_embeddings": 4096},
+    sliding_window=128, num_local_experts=32, num_experts_per_tok=4, swiglu_limit=7.0, attention_bias=True,
+    router_aux_loss_coef=0.9, tie_word_embeddings=False,
+)
+MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B, "gemma3-1b": GEMMA3_1B, "gpt-oss-20b": GPT_OSS_20B}
 
 
 def platform_of(target: str) -> str:
@@ -245,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--devices", type=int, default=1, help="GPUs on the one host (a TPU topology names its own)")
     p.add_argument("--dims", default=None,
                    help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
-    p.add_argument("--model", default="1b", choices=sorted(MODELS), help="architecture (Llama-3.2-1B, Llama-3.1-8B, Gemma-3-1B)")
+    p.add_argument("--model", default="1b", choices=sorted(MODELS),
+                   help="architecture (Llama-3.2-1B, Llama-3.1-8B, Gemma-3-1B, GPT-OSS-20B)")
     p.add_argument("--layers", type=int, default=None,
                    help="num_hidden_layers instead of the model's own (16 for 1b): how compile time and host "
                         "memory grow with depth")
