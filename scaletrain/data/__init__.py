@@ -64,5 +64,5 @@ __all__ = [
 
 # EasyDeL's per-example processing (no loss mask), kept under its old names: it lives in the compatibility layer
 _COMPAT = {name: "scaletrain.compat.easydel.processing"
-            for name in ("extract_column_names", "process_messages_data", "process_sample_data")}
+           for name in ("extract_column_names", "process_messages_data", "process_sample_data")}
 __getattr__, __dir__ = lazy_exports("scaletrain.data", _COMPAT, globals())
