@@ -39,6 +39,7 @@ from scaletrain.models.common.config import DecoderConfig, dtype_name
 from scaletrain.models.factory import abstract_sharded_model, mesh_for_config
 from scaletrain.models.common.mxfp4 import QUANT_METHOD, Mxfp4Source, load_mxfp4, mxfp4_source
 from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
+from scaletrain.models.hf_multimodal import StoredAs, language_model_tensors
 from scaletrain.models.common.scanned_layers import per_layer_names
 from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config, read_hf_config
 from scaletrain.parallel.host import to_host
@@ -216,7 +217,7 @@ def load_hf_checkpoint(
             f"{os.path.join(local_dir, CONFIG_FILE)}: model_type {config.model_type!r}, but {expected!r} was "
             "asked for; use scaletrain.AutoModelForCausalLM"
         )
-    files = _weight_files(local_dir)
+    files, stored = language_model_tensors(_weight_files(local_dir), local_dir)
     mesh = mesh if mesh is not None else mesh_for_config(config)
     graphdef, targets = abstract_sharded_model(module_class, config, dtype=dtype, param_dtype=param_dtype,
                                                precision=precision, mesh=mesh)
@@ -226,7 +227,7 @@ def load_hf_checkpoint(
     if mxfp4:
         logger.info("%s: MXFP4 experts dequantised to %s on load; an export writes them unquantised, without "
                     "quantization_config", local_dir, dtype_name(param_dtype))
-    return nnx.merge(graphdef, _read_tensors(targets, needed, files))
+    return nnx.merge(graphdef, _read_tensors(targets, needed, files, stored))
 
 
 def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, local_dir: str,
@@ -256,8 +257,10 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, 
     return needed
 
 
-def _read_tensors(targets: Any, needed: dict[str, Source | Mxfp4Source], files: dict[str, str]) -> Any:
-    """``targets`` with every ``jax.ShapeDtypeStruct`` replaced by its tensor, sharded as it says.
+def _read_tensors(targets: Any, needed: dict[str, Source | Mxfp4Source], files: dict[str, str],
+                  stored: dict[str, str] | None = None) -> Any:
+    """``targets`` with every ``jax.ShapeDtypeStruct`` replaced by its tensor, sharded as it says
+    (``stored``: the name a tensor has in the file where it differs, a vision-language checkpoint's).
 
     Tensors are loaded in file order, one at a time, with the files each needs open (one,
     or the few a stacked expert kernel's experts are spread over).
@@ -272,7 +275,8 @@ def _read_tensors(targets: Any, needed: dict[str, Source | Mxfp4Source], files: 
             handles = {path: stack.enter_context(open_weights(path)) for path in paths}
             for name in by_files[paths]:
                 source = needed[name]
-                by_tensor = {t: handles[files[t]] for t in source.tensors}
+                by_tensor = {t: StoredAs(handles[files[t]], stored[t]) if stored and t in stored else handles[files[t]]
+                             for t in source.tensors}
                 loaded[name] = (load_mxfp4(by_tensor, source, flat_targets[name], files)
                                 if isinstance(source, Mxfp4Source) else
                                 _load_sharded(by_tensor, source, flat_targets[name]))

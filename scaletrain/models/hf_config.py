@@ -20,6 +20,7 @@ from scaletrain.models.common.family import ARCHITECTURES, FAMILIES
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.layer_types import check_hf_layer_types
 from scaletrain.models.hf_family import ROPE_TYPES
+from scaletrain.models.hf_multimodal import language_model_config
 from scaletrain.parallel.partition import PartitionAxis
 
 logger = logging.getLogger("scaletrain")
@@ -45,7 +46,7 @@ def read_hf_config(local_dir: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return raw
+    return language_model_config(raw, path)  # a vision-language folder reads as its language model
 
 
 def supported_model_type(raw: dict[str, Any], where: str = CONFIG_FILE) -> str:

@@ -51,6 +51,8 @@ class FamilyConformance:
     scan_layers: bool = True
 
 
+#: a vision-language HF ``model_type`` -> the text ``model_type`` its folders load as (their language model)
+MULTIMODAL: dict[str, str] = {}
 #: HF ``model_type`` -> how the conformance suite checks it
 CONFORMANCE: dict[str, FamilyConformance] = {}
 
@@ -61,10 +63,12 @@ def register_module(model_type: str, task_type: TaskType, config_class: type, mo
 
 
 def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
-             conformance: FamilyConformance | None = None) -> None:
+             conformance: FamilyConformance | None = None, multimodal: tuple[str, ...] = ()) -> None:
     """Register a family: its config.json mapping ``hf`` (which names the config class, whose
     ``model_type`` is the family's), its causal LM (and base module, where EasyDeL names one) and how
-    the conformance suite checks it (a family without ``conformance`` fails that suite, saying so)."""
+    the conformance suite checks it (a family without ``conformance`` fails that suite, saying so).
+    ``multimodal``: vision-language ``model_type`` s whose folders hold this family as their language model
+    (:mod:`scaletrain.models.hf_multimodal` loads them as this family)."""
     model_type = hf.model_type
     for module in (causal_lm, base_module):
         if module is not None and module.config_class is not hf.config_class:
@@ -73,6 +77,7 @@ def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
     ARCHITECTURES[model_type] = hf.architecture
     if conformance is not None:
         CONFORMANCE[model_type] = conformance
+    MULTIMODAL.update({vl_type: model_type for vl_type in multimodal})
     register_module(model_type, TaskType.CAUSAL_LM, hf.config_class, causal_lm)
     if base_module is not None:
         register_module(model_type, TaskType.BASE_MODULE, hf.config_class, base_module)
@@ -84,6 +89,10 @@ def get_modules_by_type(model_type: str, task_type: TaskType | str = TaskType.CA
         key = (model_type, TaskType(task_type))
     except ValueError:
         raise ConfigError(f"unknown task_type {task_type!r}; known: {[t.value for t in TaskType]}") from None
+    if key not in MODULES and model_type in MULTIMODAL:
+        raise ConfigError(f"model_type {model_type!r} is a vision-language model and training its vision tower is not "
+                          f"supported yet; use model_type {MULTIMODAL[model_type]!r} to train its language model "
+                          f"(a {model_type} folder loads as that)")
     if key not in MODULES:
         known = sorted({f"{m}/{t.value}" for m, t in MODULES})
         raise ConfigError(f"unknown model_type/task {model_type!r}/{key[1].value}; registered: {known}")
@@ -105,6 +114,7 @@ def family_classes() -> dict[str, type]:
     return {cls.__name__: cls for config_class, module in MODULES.values() for cls in (config_class, module)}
 
 
-__all__: list[Any] = ["ARCHITECTURES", "CONFORMANCE", "FAMILIES", "MODULES", "FamilyConformance", "family_classes",
+__all__: list[Any] = ["ARCHITECTURES", "CONFORMANCE", "FAMILIES", "MODULES", "MULTIMODAL", "FamilyConformance",
+                      "family_classes",
                       "get_modules_by_type", "register", "register_module", "registered_model_types",
                       "registered_module_types"]

@@ -14,7 +14,7 @@ from scaletrain.models.common.family import FamilyConformance, register
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.hf_family import HFFamily, Refuse, base_fields, check_silu, rope_from_hf, rope_to_hf
 from scaletrain.models.llama.hf import swiglu_kwargs
-from scaletrain.models.qwen3_5.config import Qwen3_5TextConfig, hybrid_config_fields, layer_types_problem
+from scaletrain.models.qwen3_5.config import Qwen3_5TextConfig, hybrid_config_fields
 from scaletrain.models.qwen3_5.model import Qwen3_5DecoderLayer, Qwen3_5ForCausalLM, Qwen3_5TextModel
 
 _MROPE = ("mrope_section", "mrope_interleaved")
@@ -28,9 +28,7 @@ def hybrid_from_hf(hf: Any, where: str) -> dict[str, Any]:
     check_silu(hf, where)
     fields = {**base_fields(hf, where, rope=False), "hidden_act": "silu"}
     fields["rope_theta"], fields["rope_scaling"] = rope_from_hf(rope, where)
-    layer_types = list(hf.layer_types)
-    if problem := layer_types_problem(layer_types, hf.num_hidden_layers):
-        raise ConfigError(f"{where}: {problem}")
+    layer_types = list(hf.layer_types)  # checked on the raw file (common/layer_types.check_hf_layer_types)
     return {**fields, **hybrid_config_fields(hf), **mrope, "partial_rotary_factor": float(factor),
             "layer_types": layer_types, "attention_bias": bool(hf.attention_bias), "qkv_bias": False,
             "mlp_bias": False, "qk_norm": True, "sliding_window": None}
@@ -58,7 +56,8 @@ QWEN3_5_TEXT = HFFamily("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", Qwen3_5TextCo
 #: its first quarter (partial RoPE), 2 linear key heads serving 4 value heads; heads over tp=4
 HYBRID_CONFORMANCE = dict(num_hidden_layers=4, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=8,
                           linear_num_key_heads=2, linear_num_value_heads=4)
-register(QWEN3_5_TEXT, Qwen3_5ForCausalLM, conformance=FamilyConformance(
+# the released Qwen3.5 folders are vision-language ones (qwen3_5): they load as their language model
+register(QWEN3_5_TEXT, Qwen3_5ForCausalLM, multimodal=("qwen3_5",), conformance=FamilyConformance(
     hf=HYBRID_CONFORMANCE, load=dict(sharding_axis_dims=(1, 2, 1, 4, 1)), scan_layers=False,
     # linear, full, linear (full_attention_interval 2), a tied head, attention biases, one key head for 4 value heads
     variants={"tied-bias-interval": {**HYBRID_CONFORMANCE, "num_hidden_layers": 3, "full_attention_interval": 2,

@@ -14,31 +14,19 @@ from typing import Any, ClassVar
 from pydantic import model_validator
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.common.config import DecoderConfig, at_least_one
+from scaletrain.models.common.config import at_least_one
+from scaletrain.models.common.layer_types import FULL_ATTENTION, LayerTypedConfig
 
-LINEAR, FULL = "linear_attention", "full_attention"
-LAYER_TYPES = (LINEAR, FULL)
-
-
-def hybrid_layer_types(count: int, interval: int) -> list[str]:
-    """transformers' default pattern: every ``interval``-th layer is full attention, the rest linear."""
-    return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(count)]
+LINEAR = "linear_attention"
+#: the layer types Qwen3.5's blocks build
+LAYER_TYPES = (LINEAR, FULL_ATTENTION)
 
 
-def layer_types_problem(layer_types: list[str], count: int) -> str | None:
-    """Why ``layer_types`` is not one known kind per layer (naming the first bad entry), or None."""
-    for i, kind in enumerate(layer_types):
-        if kind not in LAYER_TYPES:
-            return f"layer_types[{i}] {kind!r} is not a layer kind here; use {LINEAR!r} or {FULL!r}"
-    if len(layer_types) != count:
-        return f"layer_types lists {len(layer_types)} layers, num_hidden_layers is {count}"
-    return None
-
-
-class Qwen3_5TextConfig(DecoderConfig):
+class Qwen3_5TextConfig(LayerTypedConfig):
     """Qwen3.5 (dense) text decoder: linear-attention and gated full-attention layers, SwiGLU MLPs."""
 
     model_type: ClassVar[str] = "qwen3_5_text"
+    layer_type_names: ClassVar[tuple[str, ...]] = LAYER_TYPES
 
     vocab_size: int = 248320
     hidden_size: int = 4096
@@ -60,22 +48,22 @@ class Qwen3_5TextConfig(DecoderConfig):
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 32
     full_attention_interval: int = 4
-    layer_types: list[str] | None = None
     # transformers' multimodal RoPE sections: text positions are equal on all three, so they change nothing
     # here; kept to write them back on export
     mrope_section: list[int] | None = None
     mrope_interleaved: bool | None = None
+
+    @classmethod
+    def default_layer_types(cls, config: LayerTypedConfig) -> list[str]:
+        """transformers' pattern: every ``full_attention_interval``-th layer full attention, the rest linear."""
+        interval = config.full_attention_interval
+        return [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR for i in range(config.num_hidden_layers)]
 
     @model_validator(mode="after")
     def _hybrid(self) -> Qwen3_5TextConfig:
         for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
                      "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval"):
             at_least_one(getattr(self, name))
-        if self.layer_types is None:
-            object.__setattr__(self, "layer_types",
-                               hybrid_layer_types(self.num_hidden_layers, self.full_attention_interval))
-        if problem := layer_types_problem(self.layer_types, self.num_hidden_layers):
-            raise ValueError(problem)
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ValueError(f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
                              f"linear_num_key_heads {self.linear_num_key_heads}")
@@ -90,7 +78,7 @@ class Qwen3_5TextConfig(DecoderConfig):
     @property
     def full_layers(self) -> int:
         """How many layers are full attention."""
-        return self.layer_types.count(FULL)
+        return self.layer_types.count(FULL_ATTENTION)
 
     @property
     def num_params(self) -> int:

@@ -1,0 +1,108 @@
+"""Qwen3.5's hybrid beyond the conformance row (its row: scaletrain/models/qwen3_5/__init__.py): packed documents
+through the whole model, the released vision-language folders, and bad input as one line.
+
+Tolerances: the packed check compares two forwards of the same program whose cross-document terms weigh zero
+(masked attention, the delta rule's masked pairs); the triangular solve and the sharded sums still round
+differently, measured 2e-6 of the largest logit, so 1e-5, while a document that leaked into the next would
+move its logits by more than 1e-2 (the first documents' own logits differ by that). Against transformers:
+:data:`hf_testing.TOL`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import jax
+import numpy as np
+import pytest
+import yaml
+from flax import nnx
+
+from scaletrain.errors import ConfigError
+from scaletrain.models.qwen3_5 import HYBRID_CONFORMANCE
+from scaletrain.models.registry import AutoModelForCausalLM
+from scaletrain.recipe import Recipe
+from hf_testing import TINY, assert_logits_match, hf_logits, hf_model, our_logits, rel_diff, save_hf
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory) -> tuple[object, str]:
+    """transformers' random tiny Qwen3.5 (3 linear layers, 1 full) and the folder it is saved in."""
+    ref = hf_model("qwen3_5_text", seed=5, **HYBRID_CONFORMANCE)
+    return ref, save_hf(ref, tmp_path_factory.mktemp("qwen3_5") / "hf")
+
+
+def test_packed_document_logits_do_not_depend_on_the_document_before_it(hybrid) -> None:
+    """Two rows that pack different first documents (23 tokens) before the same second one (17): the second
+    document's logits are the same in both, so the recurrence and the convolution restarted at the boundary."""
+    model = AutoModelForCausalLM.from_pretrained(hybrid[1])
+    rs = np.random.RandomState(0)
+    ids = rs.randint(0, 128, (2, 40)).astype(np.int32)
+    ids[1, :23] = rs.randint(0, 128, 23)  # another first document
+    ids[1, 23:] = ids[0, 23:]
+    segments = np.concatenate([np.ones((2, 23)), 2 * np.ones((2, 17))], axis=1).astype(np.int32)
+    positions = np.concatenate([np.arange(23), np.arange(17)])[None].repeat(2, 0).astype(np.int32)
+    graphdef, state = nnx.split(model)
+    with jax.set_mesh(jax.tree.leaves(state)[0].sharding.mesh):
+        logits = np.asarray(jax.jit(lambda s, i, g, p: nnx.merge(graphdef, s)(i, positions=p, segment_ids=g))(
+            state, ids, segments, positions))
+    assert rel_diff(logits[1, 23:], logits[0, 23:]) < 1e-5
+    assert rel_diff(logits[1, :23], logits[0, :23]) > 1e-2  # the first documents do differ
+
+
+def _vision_language_folder(root: str) -> tuple[object, str]:
+    """A tiny Qwen3.5 vision-language model built by transformers (the released checkpoints' layout) and its folder."""
+    text = {**TINY, **HYBRID_CONFORMANCE}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
+    torch.manual_seed(0)
+    vl = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(text_config=text,
+                                                                                  vision_config=vision)).eval()
+    with torch.no_grad():
+        for name, p in vl.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    return vl, save_hf(vl, os.path.join(root, "vl"))
+
+
+def test_vision_language_folder_loads_its_language_model_and_names_what_it_left_out(tmp_path, caplog) -> None:
+    """A qwen3_5 folder loads as qwen3_5_text: the text logits of transformers' vision-language model on text
+    alone, and one log line naming the vision tower's tensors it left out."""
+    vl, folder = _vision_language_folder(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="scaletrain"):
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.config.model_type == "qwen3_5_text"
+    [line] = [r.getMessage() for r in caplog.records if "vision-language" in r.getMessage()]
+    assert "model.visual" in line and "left out" in line and "\n" not in line
+    ids = np.random.RandomState(1).randint(0, 128, (2, 24)).astype(np.int32)
+    assert_logits_match("qwen3_5-vision-language", our_logits(model, ids), hf_logits(vl, ids))
+
+
+def test_training_the_vision_tower_is_refused_naming_the_file_and_key(tmp_path) -> None:
+    """A recipe that asks for the vision-language model itself (model.type qwen3_5) is refused naming the recipe
+    file, then, as every recipe problem, one line naming the section and the type, saying what to train instead."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"model": {"type": "qwen3_5", "pretrained": str(tmp_path)}}))
+    with pytest.raises(ConfigError) as refused:
+        Recipe.load(str(path))
+    where, problem = str(refused.value).split("\n")
+    assert where.startswith(str(path))
+    assert problem.startswith("model: model_type 'qwen3_5'") and "vision tower" in problem
+    assert "use model_type 'qwen3_5_text'" in problem
+
+
+def test_unknown_layer_types_entry_is_one_line_naming_the_file_and_key(hybrid, tmp_path) -> None:
+    """A config.json whose layer_types names a kind Qwen3.5 does not build: one line with the file and the entry."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    raw = json.load(open(os.path.join(hybrid[1], "config.json")))
+    raw["layer_types"][1] = "mamba"
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as refused:
+        AutoModelForCausalLM.from_pretrained(str(folder))
+    message = str(refused.value)
+    assert str(folder / "config.json") in message and "layer_types[1] 'mamba'" in message and "\n" not in message
