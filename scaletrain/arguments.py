@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, ValidationError, field_validator, model_validator
 
-from scaletrain.compat.easydel.argument_names import EASYDEL_SCHEDULERS, translate_other_names
+from scaletrain.argument_names import HUGGING_FACE, merge_tables, report_to_names, translate_other_names
+from scaletrain.compat.easydel.argument_names import TABLE as _EASYDEL
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
 from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors
 from scaletrain.errors import ConfigError
@@ -27,6 +28,8 @@ from scaletrain.peft.lora_config import LoRAConfig
 __all__ = ["TrainingArguments", "format_validation_error", "parse_duration"]
 
 AxisSpec = str | tuple[str, ...] | None
+
+_TABLE = merge_tables([("HUGGING_FACE", HUGGING_FACE), ("EasyDeL", _EASYDEL)])
 
 
 class TrainingArguments(ConfigModel):
@@ -115,7 +118,7 @@ class TrainingArguments(ConfigModel):
         """EasyDeL's and Hugging Face's names, translated by their table (renamed, fixed or refused)."""
         if not isinstance(data, dict):
             return data
-        data, problems, use_wandb = translate_other_names(data, cls.model_fields, _fixed_value)
+        data, problems = translate_other_names(data, cls.model_fields, _fixed_value, _TABLE)
         if problems:
             try:  # the other keys' problems too, so one run shows them all
                 cls.model_validate(data)
@@ -123,16 +126,13 @@ class TrainingArguments(ConfigModel):
             except ValidationError as err:
                 others = err
             raise key_errors(cls.__name__, problems, others)
-        if use_wandb is not None:
-            report = [r for r in _names(data.get("report_to", ("tensorboard",))) if r != "wandb"]
-            data["report_to"] = tuple(report + ["wandb"] if use_wandb else report)
         return data
 
     @field_validator("scheduler", mode="before")
     @classmethod
     def _scheduler(cls, value: Any) -> Any:
         value = getattr(value, "value", value)  # EasyDeLSchedulers members
-        return EASYDEL_SCHEDULERS.get(value, value) if value is None or isinstance(value, str) else value
+        return _TABLE.scheduler_values.get(value, value) if value is None or isinstance(value, str) else value
 
     @field_validator("optimizer", mode="before")
     @classmethod
@@ -142,7 +142,7 @@ class TrainingArguments(ConfigModel):
     @field_validator("report_to", mode="before")
     @classmethod
     def _report_to(cls, value: Any) -> Any:
-        return _names(value)
+        return report_to_names(value)
 
     @field_validator("step_partition_spec", mode="before")
     @classmethod
@@ -282,13 +282,6 @@ def parse_duration(text: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != s:
         raise ValueError(f"{text!r} is not a duration like '2h30m', '90m' or '45s'")
     return sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def _names(value: Any) -> Any:
-    """``report_to`` as a tuple: Hugging Face also takes one name, ``"none"`` and ``"all"``."""
-    if isinstance(value, str):
-        return {"none": (), "all": ("tensorboard", "wandb")}.get(value, (value,))
-    return tuple(value) if isinstance(value, list) else value
 
 
 def _fixed_value(value: Any) -> Any:
