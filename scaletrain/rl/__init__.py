@@ -1,1 +1,2 @@
-"""Reinforcement learning from verifiable rewards: rewards, group advantages, and the GRPO step around the rollout engine."""
+"""Reinforcement learning from verifiable rewards: rewards, advantages, and the GRPO step and its variants
+around the rollout engine."""

@@ -75,7 +75,8 @@ def advantages_of(rewards_per_func: np.ndarray, weights: Sequence[float], num_ge
 
 def group_advantages(rewards_per_func: np.ndarray, weights: Sequence[float], num_generations: int,
                      scale_rewards: str = "group", names: Sequence[str] | None = None) -> Advantages:
-    """GRPO's advantages (``scale_rewards``: a :data:`REWARD_SCALES` name) of [N, F] rewards; see :func:`advantages_of`."""
+    """GRPO's advantages (``scale_rewards``: a :data:`REWARD_SCALES` name) of [N, F] rewards
+    (:func:`advantages_of`)."""
     if scale_rewards not in REWARD_SCALES:
         raise ValueError(f"scale_rewards={scale_rewards!r} is not one of {list(REWARD_SCALES)}")
     return advantages_of(rewards_per_func, weights, num_generations,
