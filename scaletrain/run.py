@@ -254,6 +254,7 @@ def objective_trainer(recipe: Recipe) -> tuple[Any, dict[str, Any]]:
     their trainers when imported (``objectives.registry.register_trainer``)."""
     import scaletrain.preference.trainer  # noqa: F401  (registers PreferenceTrainer)
     import scaletrain.rl.trainer  # noqa: F401  (registers GRPOTrainer)
+    import scaletrain.rl.variants  # noqa: F401  (registers RLOOTrainer, ReinforcePPTrainer)
     from scaletrain.objectives.registry import trainer_setup
 
     return trainer_setup(recipe.objective.type, recipe.objective.options)

@@ -192,9 +192,21 @@ register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference",
 
 def _register_grpo() -> None:
     from scaletrain.objectives.grpo_options import TRAINER_OPTIONS, GRPOOptions, build_grpo_objective
+    from scaletrain.objectives.rl_variant_options import (
+        ReinforcePPOptions,
+        RLOOOptions,
+        build_reinforce_pp_objective,
+        build_rloo_objective,
+    )
 
     register_objective(ObjectiveType("grpo", GRPOOptions, build_grpo_objective, "prompt", TRAINER_OPTIONS,
                                      own_trainer=True))  # scaletrain.rl.trainer registers GRPOTrainer
+    # GRPO's variants: the same rollout and trainer, another advantage estimator (and, for RLOO, loss);
+    # scaletrain.rl.variants registers their trainers
+    register_objective(ObjectiveType("rloo", RLOOOptions, build_rloo_objective, "prompt",
+                                     tuple(RLOOOptions.model_fields), own_trainer=True))
+    register_objective(ObjectiveType("reinforce_pp", ReinforcePPOptions, build_reinforce_pp_objective, "prompt",
+                                     tuple(ReinforcePPOptions.model_fields), own_trainer=True))
 
 
 _register_grpo()

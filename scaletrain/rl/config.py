@@ -15,50 +15,88 @@ so the Python configs look alike. The one exception is the name the two mean dif
 ``config.epsilon`` is the training argument (Adam's, which the optimizer reads), and the clip is
 ``config.grpo.epsilon``. Given beside a nested ``grpo`` (as ``model_dump()`` writes it), ``epsilon``
 is that training argument too, so a config read back from its dump equals it.
+
+``RLOOConfig`` (TRL's names: ``normalize_advantages``, ``reward_clip_range``, ...; ``config.rloo``) and
+``ReinforcePPConfig`` (``config.reinforce_pp``) hold their options the same way (:class:`RLConfig`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
 from scaletrain.arguments import TrainingArguments
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
-
-# TRL's vLLM options too: GRPOOptions says what they mean here (none is needed)
-_GRPO_NAMES = frozenset(GRPOOptions.model_fields) | {"num_return_sequences"} | TRL_VLLM_OPTIONS
-#: the options read and set flat on the config (every one but ``epsilon``, a training argument there)
-_FLAT = frozenset(GRPOOptions.model_fields) - frozenset(TrainingArguments.model_fields)
+from scaletrain.objectives.rl_variant_options import ReinforcePPOptions, RLOOOptions
 
 
-class GRPOConfig(TrainingArguments):
-    """TrainingArguments with the GRPO options in ``grpo`` (see the module docstring)."""
+class RLConfig(TrainingArguments):
+    """TrainingArguments with an RL objective's options in the field ``options_field`` (see the module docstring)."""
 
-    grpo: GRPOOptions = Field(default_factory=GRPOOptions)
+    options_field: ClassVar[str] = "grpo"
+    options_model: ClassVar[type[GRPOOptions]] = GRPOOptions
+
+    @classmethod
+    def _names(cls) -> frozenset[str]:
+        # TRL's vLLM options too: GRPOOptions says what they mean here (none is needed)
+        return frozenset(cls.options_model.model_fields) | {"num_return_sequences"} | TRL_VLLM_OPTIONS
+
+    @classmethod
+    def _flat(cls) -> frozenset[str]:
+        """The options read and set flat on the config (every one but ``epsilon``, a training argument there)."""
+        return frozenset(cls.options_model.model_fields) - frozenset(TrainingArguments.model_fields)
 
     @model_validator(mode="wrap")
     @classmethod
     def _split(cls, data: Any, handler: Any) -> Any:
-        # wrap: the GRPO names leave before TrainingArguments reads the rest (and translates adam_epsilon)
+        # wrap: the objective's names leave before TrainingArguments reads the rest (and translates adam_epsilon)
         if isinstance(data, dict):
             data = dict(data)
-            given = data.pop("grpo", None)
-            # beside a nested ``grpo`` (a dump read back), ``epsilon`` is the training argument it sat beside
-            names = _GRPO_NAMES - {"epsilon"} if given is not None else _GRPO_NAMES
+            given = data.pop(cls.options_field, None)
+            # beside a nested options field (a dump read back), ``epsilon`` is the training argument it sat beside
+            names = cls._names() - {"epsilon"} if given is not None else cls._names()
             picked = {k: data.pop(k) for k in list(data) if k in names}
             if isinstance(given, GRPOOptions):
                 given = given.model_dump()
-            data["grpo"] = GRPOOptions(**{**(given or {}), **picked})
+            data[cls.options_field] = cls.options_model(**{**(given or {}), **picked})
         return handler(data)
 
+    def rl_options(self) -> GRPOOptions:
+        """The objective's options this config holds."""
+        return getattr(self, self.options_field)
+
     def __getattr__(self, name: str) -> Any:
-        if name in _FLAT:  # only names that are not attributes of the config itself arrive here
-            return getattr(self.grpo, name)
+        if name in type(self)._flat():  # only names that are not attributes of the config itself arrive here
+            return getattr(self.rl_options(), name)
         return super().__getattr__(name)  # type: ignore[misc]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FLAT:
-            super().__setattr__("grpo", GRPOOptions(**{**self.grpo.model_dump(), name: value}))
+        cls = type(self)
+        if name in cls._flat():
+            super().__setattr__(cls.options_field, cls.options_model(**{**self.rl_options().model_dump(),
+                                                                         name: value}))
             return
         super().__setattr__(name, value)
+
+
+class GRPOConfig(RLConfig):
+    """TrainingArguments with the GRPO options in ``grpo`` (see the module docstring)."""
+
+    grpo: GRPOOptions = Field(default_factory=GRPOOptions)
+
+
+class RLOOConfig(RLConfig):
+    """TrainingArguments with TRL's ``RLOOConfig`` options in ``rloo``."""
+
+    options_field: ClassVar[str] = "rloo"
+    options_model: ClassVar[type[GRPOOptions]] = RLOOOptions
+    rloo: RLOOOptions = Field(default_factory=RLOOOptions)
+
+
+class ReinforcePPConfig(RLConfig):
+    """TrainingArguments with REINFORCE++'s options in ``reinforce_pp``."""
+
+    options_field: ClassVar[str] = "reinforce_pp"
+    options_model: ClassVar[type[GRPOOptions]] = ReinforcePPOptions
+    reinforce_pp: ReinforcePPOptions = Field(default_factory=ReinforcePPOptions)

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -35,15 +35,15 @@ from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_to
 from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
-from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions, build_grpo_objective
+from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
 from scaletrain.objectives.reference import adapters_off
-from scaletrain.objectives.registry import register_trainer, validate_options
+from scaletrain.objectives.registry import get_objective_type, register_trainer, validate_options
 from scaletrain.objectives.token_logps import completion_token_stats
-from scaletrain.rl.config import GRPOConfig
+from scaletrain.rl.config import GRPOConfig, RLConfig
 from scaletrain.rl.batch import trim_prompt_padding
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
-from scaletrain.rl.advantages import advantages_of
+from scaletrain.rl.advantages import advantages_of, reward_kl_rows
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout
@@ -108,7 +108,11 @@ class GRPOTrainer(Trainer):
     ``train_dataset``: :class:`~scaletrain.data.prompts.PromptRow` s, or prompt rows (a JSONL / Parquet /
     CSV path, dicts, a ``datasets.Dataset``) that the tokenizer turns into them. ``reward_funcs``:
     callables or recipe entries (``scaletrain.rl.rewards``); default ``options.reward_funcs``.
+    A variant (``rl/variants.py``) names another ``objective_type`` (its options and objective) and config class.
     """
+
+    objective_type: ClassVar[str] = "grpo"
+    config_class: ClassVar[type[RLConfig]] = GRPOConfig
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, *, arguments: Any = None,
@@ -117,7 +121,7 @@ class GRPOTrainer(Trainer):
                  eval_bytes_per_token: float | None = None, peft_config: Any = None, **kwargs: Any):
         arguments = one_of(args=args, arguments=arguments)
         if arguments is None and isinstance(model, (str, os.PathLike)):  # TRL's default: "<model name>-GRPO"
-            arguments = default_arguments(GRPOConfig, model, "GRPO")
+            arguments = default_arguments(self.config_class, model, self.objective_type.upper())
         dataset_train = one_of(train_dataset=train_dataset, dataset_train=dataset_train)
         model, folder = model_from(model, arguments, "GRPOTrainer")
         tokenizer = tokenizer_from(one_of(processing_class=processing_class, tokenizer=tokenizer), folder)
@@ -126,11 +130,12 @@ class GRPOTrainer(Trainer):
         if arguments is None or dataset_train is None:
             raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
                               "(prompt rows)")
-        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in GRPOOptions.model_fields or k in TRL_VLLM_OPTIONS}
-        base = arguments.grpo.model_dump() if isinstance(arguments, GRPOConfig) else {}
+        kind = get_objective_type(self.objective_type)
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in kind.options.model_fields or k in TRL_VLLM_OPTIONS}
+        base = arguments.rl_options().model_dump() if isinstance(arguments, RLConfig) else {}
         if isinstance(options, GRPOOptions):
             options = options.model_dump()
-        self.options = validate_options("grpo", {**base, **dict(options or {}), **fields})
+        self.options = validate_options(self.objective_type, {**base, **dict(options or {}), **fields})
         if one_of(eval_dataset=eval_dataset, dataset_eval=dataset_eval) is not None:
             raise ConfigError("GRPO has no evaluation split (its figures are logged every step): drop eval_dataset "
                               "(data.eval_source / eval_fraction)")
@@ -151,13 +156,14 @@ class GRPOTrainer(Trainer):
         self._scored: _Scored | None = None
         self._reference: FrozenModel | None = None
         self._rows: RowLayout | None = None
-        objective = objective if objective is not None else build_grpo_objective(o)
+        objective = objective if objective is not None else kind.build(o)
         if isinstance(objective, GRPOObjective):
-            # one iteration, one micro-batch, no correction: the update's forward is the trainer's forward at the
-            # sampling parameters, so it checks the sampler and the rollout skips a scoring forward of its own
+            # one iteration, one micro-batch, no correction, no KL in the reward: the update's forward is the
+            # trainer's forward at the sampling parameters, so it checks the sampler and the rollout skips a scoring
+            # forward of its own
             objective = dataclasses.replace(objective, sampler_check=(
                 o.num_iterations == 1 and not o.vllm_importance_sampling_correction
-                and arguments.gradient_accumulation_steps == 1))
+                and arguments.gradient_accumulation_steps == 1 and objective.advantages.kl_coef == 0.0))
         self._check_in_update = objective.sampler_check
         super().__init__(arguments, model=model, dataset_train=rows, tokenizer=tokenizer,
                          objective=objective, **kwargs)
@@ -319,7 +325,8 @@ class GRPOTrainer(Trainer):
                             o.reward_timeout, self._check_in_update)
         per_func, lengths, truncated, comp_ids = scored.per_func, scored.lengths, scored.truncated, scored.comp_ids
         names = [f.name for f in self.reward_functions]
-        adv = advantages_of(per_func, self.reward_weights, g, self.objective.advantages, names)
+        kl_rows = reward_kl_rows(self.objective.advantages, layout, h, o.mask_truncated_completions)
+        adv = advantages_of(per_func, self.reward_weights, g, self.objective.advantages, names, kl_rows)
         t3 = time.perf_counter()
         mask = np.asarray(h["completion_mask"], np.float32)
         extra = {"ref_logps": h["ref_logps"]} if o.beta != 0.0 else {}
@@ -363,7 +370,7 @@ class GRPOTrainer(Trainer):
 
     def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
         meta = super().checkpoint_metadata(state)
-        meta["objective"] = {"name": "grpo", **self.options.model_dump(exclude={"reward_funcs"}),
+        meta["objective"] = {"name": self.objective_type, **self.options.model_dump(exclude={"reward_funcs"}),
                              "reward_funcs": [f.name for f in self.reward_functions],
                              "reward_specs": self.reward_specs}
         return meta
