@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "scaletrain"
 MEMBERS = ("name", "batch_keys", "frozen_models", "normaliser", "reference_source", "precomputed_keys",
            "logged_metrics", "sequences_per_row", "sampler_check", "batch_totals", "reference_inputs",
            "loss_and_sums", "zero_sums", "step_metrics", "eval_metrics")
+RL_KINDS = ("grpo", "rloo", "reinforce_pp")  # one completion a row; the others: chosen and rejected
 
 
 @pytest.mark.parametrize("kind", [k for k in objective_types() if k != "lm"])
@@ -26,7 +27,7 @@ def test_every_registered_objective_declares_the_whole_protocol(kind):
     for member in MEMBERS:
         assert hasattr(type(objective), member) or member in objective.__dataclass_fields__, member
     assert (objective.reference_source is not None) == (kind in ("dpo", "kto"))  # what the trainer sets up
-    assert objective.sequences_per_row == (1 if kind == "grpo" else 2)
+    assert objective.sequences_per_row == (1 if kind in RL_KINDS else 2)
 
 
 def test_the_protocol_lists_what_the_trainers_read():
@@ -53,10 +54,12 @@ def test_each_objective_type_runs_under_the_trainer_its_family_package_registers
     from scaletrain.objectives.registry import get_objective_type, trainer_class
     from scaletrain.preference.trainer import PreferenceTrainer
     from scaletrain.rl.trainer import GRPOTrainer
+    from scaletrain.rl.variants import ReinforcePPTrainer, RLOOTrainer
     from scaletrain.run import objective_trainer
 
     want = {"lm": None, "dpo": PreferenceTrainer, "orpo": PreferenceTrainer, "cpo": PreferenceTrainer,
-            "simpo": PreferenceTrainer, "kto": PreferenceTrainer, "grpo": GRPOTrainer}
+            "simpo": PreferenceTrainer, "kto": PreferenceTrainer, "grpo": GRPOTrainer, "rloo": RLOOTrainer,
+            "reinforce_pp": ReinforcePPTrainer}
     assert {k: trainer_class(k) for k in want} == want
     trainer, kwargs = objective_trainer(SimpleNamespace(objective=SimpleNamespace(type="kto", options={})))
     assert trainer is PreferenceTrainer and kwargs["objective"].name == "kto"
