@@ -1,7 +1,8 @@
 """One whole GRPO step (rollout, rewards, update): scaletrain's ``GRPOTrainer`` against TRL 1.16's, side by side.
 
 ``python bench/grpo.py [--model DIR] [--prompts examples/grpo/prompts.jsonl] [--batch 16]
-[--num-generations 4] [--max-completion-length 32] [--steps 8] [--warmup 2] [--only trl,scaletrain]``
+[--num-generations 4] [--max-completion-length 32] [--steps 8] [--warmup 2] [--only trl,scaletrain]
+[--compare-tree DIR --rounds 2]``
 
 Both contenders train the same model (a local Hugging Face folder; default the converted
 SmolLM2-135M-Instruct in ``~/.cache/scaletrain``), full fine-tuning in float32, on the same
@@ -16,6 +17,12 @@ reported is the median over the steps after ``--warmup`` (the first includes com
 reported apart), in wall seconds and in the process's CPU seconds (all threads: what a neighbour's
 load does not add), with the load average before and after each contender. Writes ``--out``
 (default ``bench/results/grpo-<date>.json``).
+
+``--compare-tree DIR``: scaletrain before and after a change instead of against TRL: the contender of
+another checkout (``DIR``, e.g. ``git worktree add /tmp/grpo-before <commit>``) and this one's, on the same
+case, alternating (before, after, before, after, ... for ``--rounds`` rounds, so a change in the machine's
+load falls on both), each in its own process; prints each run and the ratio of the medians
+(after / before steps per second).
 """
 
 from __future__ import annotations
@@ -44,13 +51,15 @@ def load_rows(path: str, count: int) -> list[dict[str, Any]]:
     return [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows[:count]]
 
 
-def run_contender(name: str, case: dict[str, Any], workdir: str) -> dict[str, Any]:
-    """Run one contender in its own process; its result JSON."""
+def run_contender(name: str, case: dict[str, Any], workdir: str, root: str = ROOT) -> dict[str, Any]:
+    """Run one contender (of the checkout ``root``: its code and its contender script) in its own process; its
+    result JSON."""
     config, out = os.path.join(workdir, "case.json"), os.path.join(workdir, f"{name}.json")
     with open(config, "w") as f:
         json.dump(case, f)
-    cmd = [sys.executable, os.path.join(HERE, "contenders", CONTENDERS[name]), "--config", config, "--out", out]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    script = os.path.join(root, "bench", "contenders", CONTENDERS[name])
+    cmd = [sys.executable, script, "--config", config, "--out", out]
+    env = {**os.environ, "PYTHONPATH": root}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -81,12 +90,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--learning-rate", type=float, default=1e-6)
     p.add_argument("--only", default="trl,scaletrain")
     p.add_argument("--out", default=None)
+    p.add_argument("--compare-tree", default=None, help="another checkout: scaletrain there against here")
+    p.add_argument("--rounds", type=int, default=2, help="with --compare-tree: before/after pairs, alternating")
     a = p.parse_args(argv)
     if a.steps <= a.warmup:
         raise SystemExit(f"--steps {a.steps} must exceed --warmup {a.warmup}")
     case = {"model": a.model, "rows": load_rows(a.prompts, 4 * a.batch), "batch": a.batch,
             "num_generations": a.num_generations, "max_completion_length": a.max_completion_length,
             "steps": a.steps, "learning_rate": a.learning_rate}
+    if a.compare_tree is not None:
+        return compare_trees(a, case, argv)
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as workdir:
         for name in a.only.split(","):
@@ -111,6 +124,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"scaletrain / TRL steps per second: {result['steps_per_s_ratio']:.2f}x wall, "
               f"{result['steps_per_cpu_s_ratio']:.2f}x per CPU-s")
     write_record(result, "grpo", a.out)
+    return result
+
+
+def compare_trees(a: argparse.Namespace, case: dict[str, Any], argv: list[str] | None) -> dict[str, Any]:
+    """``--compare-tree``: scaletrain's contender of ``a.compare_tree`` ("before") and of this checkout ("after"),
+    alternating for ``a.rounds`` rounds; the ratio of their median step times."""
+    trees = {"before": os.path.abspath(a.compare_tree), "after": ROOT}
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as workdir:
+        for i in range(a.rounds):
+            for name, root in trees.items():
+                load = os.getloadavg()[0]
+                r = summarise(run_contender("scaletrain", case, workdir, root), a.warmup, a.batch)
+                r["load_avg"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+                runs[name].append(r)
+                print(f"round {i + 1} {name:>6}: {r['median_step_s']:.3f} s/step median after {a.warmup} "
+                      f"(first {r['first_step_s']:.1f} s), {r['median_step_cpu_s']:.3f} CPU-s/step, split "
+                      f"{ {k: statistics.median(v[a.warmup:]) for k, v in r['time_split'].items()} }, "
+                      f"load {r['load_avg'][0]:.1f} -> {r['load_avg'][1]:.1f}", flush=True)
+    median = {k: statistics.median(r["median_step_s"] for r in v) for k, v in runs.items()}
+    median_cpu = {k: statistics.median(r["median_step_cpu_s"] for r in v) for k, v in runs.items()}
+    result = {"model": a.model, "batch": a.batch, "num_generations": a.num_generations,
+              "max_completion_length": a.max_completion_length, "steps": a.steps, "warmup": a.warmup,
+              "cpus": os.cpu_count(), "trees": trees, "runs": runs, "median_step_s": median,
+              "median_step_cpu_s": median_cpu,
+              "steps_per_s_ratio": round(median["before"] / median["after"], 3),
+              "steps_per_cpu_s_ratio": round(median_cpu["before"] / median_cpu["after"], 3),
+              "command": "python bench/grpo.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(f"after / before steps per second: {result['steps_per_s_ratio']:.3f}x wall "
+          f"({median['before']:.3f} -> {median['after']:.3f} s/step), "
+          f"{result['steps_per_cpu_s_ratio']:.3f}x per CPU-s", flush=True)
+    write_record(result, "grpo-compare", a.out)
     return result
 
 

@@ -100,7 +100,7 @@ def _mesh_of(tree: Any) -> Any:
     return None
 
 
-class RolloutEngine:
+class StaticBatchProgram:
     """The compiled rollout program of one model graph; :func:`rollout` finds or builds it.
 
     ``traces`` counts how often the program was traced, i.e. compiled: once per bucket
@@ -198,19 +198,19 @@ def sharded_cache(model: nnx.Module, batch: int, length: int) -> Any:
 
 
 _MAX_ENGINES = 8
-_ENGINES: ProgramCache[RolloutEngine] = ProgramCache(_MAX_ENGINES)
+_ENGINES: ProgramCache[StaticBatchProgram] = ProgramCache(_MAX_ENGINES)
 #: the last graph definitions seen, by identity (a TrainState keeps one graphdef for the whole run),
 #: each kept alive beside its engine so that its id cannot be reused
-_BY_ID: ProgramCache[tuple[Any, RolloutEngine]] = ProgramCache(_MAX_ENGINES)
+_BY_ID: ProgramCache[tuple[Any, StaticBatchProgram]] = ProgramCache(_MAX_ENGINES)
 
 
-def engine_for(graphdef: Any, params: Any, frozen: Any = None) -> RolloutEngine:
+def engine_for(graphdef: Any, params: Any, frozen: Any = None) -> StaticBatchProgram:
     """The engine of ``graphdef``'s model, shared by every graph equal to it (:func:`model_key`), so a
     rebuilt or reloaded model of the same architecture reuses the compiled programs."""
-    def by_model() -> tuple[Any, RolloutEngine]:
+    def by_model() -> tuple[Any, StaticBatchProgram]:
         model = join_trainable(graphdef, params, frozen)
         return graphdef, _ENGINES.get(model_key(model),
-                                      lambda: RolloutEngine(graphdef, model.config.partition_axis.batch_axis))
+                                      lambda: StaticBatchProgram(graphdef, model.config.partition_axis.batch_axis))
 
     known = _BY_ID.get(id(graphdef), by_model)
     if known[0] is not graphdef:  # an id reused after its graph was garbage-collected: replace the entry
@@ -256,7 +256,7 @@ def rollout(source: Any, prompts: Any, sampling: SamplingParams, *, num_generati
                           step)
 
 
-def _bucket(engine: RolloutEngine, ids: np.ndarray, mask: np.ndarray, num_generations: int,
+def _bucket(engine: StaticBatchProgram, ids: np.ndarray, mask: np.ndarray, num_generations: int,
             sampling: SamplingParams) -> PaddedBatch:
     """The shape bucket of these prompts; the batch rounded to the active mesh's batch-axis devices."""
     shards = 1 if jax.sharding.get_abstract_mesh().empty else active_axis_size(engine.batch_axis)
@@ -268,3 +268,20 @@ def stop_ids(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
     if eos_token_id is None:
         return ()
     return (int(eos_token_id),) if isinstance(eos_token_id, (int, np.integer)) else tuple(int(i) for i in eos_token_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticBatchEngine:
+    """Today's engine behind the :class:`~scaletrain.generation.interface.RolloutEngine` interface: a static
+    batch per shape bucket (:func:`rollout`), every row decoding until the longest has stopped.
+
+    ``sampling`` is fixed for the engine's life (a trainer samples every step alike); the state,
+    prompts, group size, seed and step come with each call.
+    """
+
+    sampling: SamplingParams
+
+    def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
+                 step: int = 0) -> Rollout:
+        return rollout(state, [list(p) for p in prompts], self.sampling, num_generations=num_generations,
+                       seed=seed, step=step)

@@ -1,22 +1,24 @@
-"""A rollout, scored, as the GRPO objective's batch (host side of the step).
+"""A rollout's rows as the GRPO objective reads them: the loss mask, the prompt columns kept.
 
 Why a module: the objective reads a fixed set of keys (``scaletrain.objectives.grpo``); turning
-the rollout engine's arrays, the advantages and the stored log-probabilities into them is
-plain array work that the tests can check apart from sampling.
+the rollout engine's arrays into them (``rl.step_programs``, on the device) is plain array work
+that the tests check apart from sampling.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+import jax
+import jax.numpy as jnp
 
 
-def truncated_mask(completion_mask: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+def truncated_mask(completion_mask: Any, truncated: Any) -> jax.Array:
     """``completion_mask`` with every truncated completion's row zeroed (``mask_truncated_completions``):
-    a completion cut at ``max_completion_length`` has no reward worth learning from."""
-    keep = ~np.asarray(truncated, bool)
-    return (np.asarray(completion_mask) * keep[:, None]).astype(np.asarray(completion_mask).dtype)
+    a completion cut at ``max_completion_length`` has no reward worth learning from. A device function (the
+    GRPO step's score program calls it inside its jit); host arrays work too."""
+    mask = jnp.asarray(completion_mask)
+    return (mask * (~jnp.asarray(truncated).astype(bool))[:, None]).astype(mask.dtype)
 
 
 def kept_prompt_columns(width: int, longest: int) -> int:

@@ -2,8 +2,8 @@
 
 Why one function: the rewards run on the host for the rows this process owns (``RowLayout.owned``), under
 ``reward_timeout`` and cut short by a signal; a failure or a signal seen by one process must stop every
-process at the same point (``raise_agreed``), and the rewards, lengths, truncation flags, sampler-vs-trainer
-gaps and timeout flags are gathered in one collective so that every process forms the same batch-wide
+process at the same point (``raise_agreed``), and the rewards, lengths, truncation flags and timeout flags are
+gathered in one collective so that every process forms the same batch-wide
 advantages and figures. The trainer keeps only what it does with them.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from scaletrain.errors import DataError
 from scaletrain.rl.process_rows import RowLayout, raise_agreed
 from scaletrain.rl.rewards import RewardFunction, score_calls
-from scaletrain.rl.scoring import decode, logprob_diff_rows, reward_inputs
+from scaletrain.rl.scoring import decode, reward_inputs
 from scaletrain.training.stopping import pending_signal
 from scaletrain.user_calls import StopRequested
 
@@ -30,16 +30,16 @@ class RowScores:
     per_func: np.ndarray  # [N, F] float32, NaN where a reward gave None
     lengths: np.ndarray  # [N] completion lengths
     truncated: np.ndarray  # [N] bool: stopped by max_completion_length
-    diffs: np.ndarray  # [N, 3] the sampler-vs-trainer log-prob gap per row (zeros when the update checks it)
     timeouts: dict[str, float]  # rewards/<name>/timeouts: calls given up at reward_timeout
     comp_ids: np.ndarray
 
 
 def score_rows(layout: RowLayout, held: dict[str, np.ndarray], rows: Sequence[Any], num_generations: int,
                reward_functions: Sequence[RewardFunction], tokenizer: Any, conversational: bool,
-               timeout: float, check_in_update: bool) -> RowScores:
-    """Run the rewards of the rows this process owns (``held``: its rows of the rollout's host arrays; ``rows``:
-    the step's prompt rows, ``num_generations`` completions each) and gather the per-row figures."""
+               timeout: float) -> RowScores:
+    """Run the rewards of the rows this process owns (``held``: its rows of the rollout's ``completion_ids``,
+    ``lengths`` and ``truncated``, the only arrays a step reads to the host; ``rows``: the step's prompt rows,
+    ``num_generations`` completions each) and gather the per-row figures."""
     own = np.searchsorted(layout.held, layout.owned)
     comp_ids, lengths = held["completion_ids"][own], held["lengths"][own]
     names = [f.name for f in reward_functions]
@@ -55,13 +55,10 @@ def score_rows(layout: RowLayout, held: dict[str, np.ndarray], rows: Sequence[An
     except (DataError, StopRequested) as err:  # said by this process, after telling the others
         failure = err
     raise_agreed(failure)  # a reward that raised, or a signal while waiting for one, stops every process
-    diffs = (np.zeros((len(own), 3)) if check_in_update else
-             logprob_diff_rows(held["policy"][own], held["sampler"][own], held["completion_mask"][own]))
     every = layout.gather(np.concatenate([per_func.astype(np.float64), lengths[:, None].astype(np.float64),
-                                          held["truncated"][own, None].astype(np.float64), diffs,
+                                          held["truncated"][own, None].astype(np.float64),
                                           timed_out.astype(np.float64)], axis=1))
     k = len(names)
     return RowScores(per_func=every[:, :k].astype(np.float32), lengths=every[:, k], truncated=every[:, k + 1] != 0,
-                     diffs=every[:, k + 2:k + 5],
-                     timeouts={f"rewards/{n}/timeouts": float(every[:, k + 5 + j].sum()) for j, n in enumerate(names)},
+                     timeouts={f"rewards/{n}/timeouts": float(every[:, k + 2 + j].sum()) for j, n in enumerate(names)},
                      comp_ids=comp_ids)

@@ -1,9 +1,10 @@
-"""From a rollout's host arrays to rewards, figures and the GRPO objective's batch.
+"""From a rollout's completion ids on the host to the rewards' inputs, the figures and ``completions.jsonl``.
 
-Why host-side and apart from the trainer: rewards are Python callables over text, so a rollout
-is read to the host once per step anyway; what is done with it there (decode, score, group
-advantages, mask truncated completions, the sampler-vs-trainer check, the figures under TRL's
-names) is plain array work that the tests check without a model.
+Why host-side and apart from the trainer: rewards are Python callables over text, so a rollout's
+completion ids are read to the host once per step; what is done with them there (decode, the
+reward functions' inputs, the completion figures and records under TRL's names) is plain work
+that the tests check without a model. The per-token arrays stay on the devices
+(``rl.step_programs``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from scaletrain.data.prompts import PromptRow, is_messages
-from scaletrain.rl.batch import truncated_mask
 
 
 def decode(tokenizer: Any, completion_ids: np.ndarray, lengths: np.ndarray, conversational: bool) -> list[Any]:
@@ -52,41 +52,17 @@ def completion_metrics(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, 
     }
 
 
-def logprob_diff(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+def logprob_diff(trainer_logps: Any, sampler_logps: Any, mask: Any) -> dict[str, float]:
     """``rollout/logprob_diff_max`` and ``_mean``: how far the sampler's log-probabilities of its tokens are from
-    the trainer's forward over the same tokens (0 for an exactly on-policy rollout)."""
-    return logprob_diff_figures(logprob_diff_rows(trainer_logps, sampler_logps, mask))
+    the trainer's forward over the same tokens (0 for an exactly on-policy rollout); the step's own device
+    function (``rl.step_programs.gap_figures``), read here."""
+    import jax.numpy as jnp
 
+    from scaletrain.rl.step_programs import gap_figures
 
-def logprob_diff_rows(trainer_logps: np.ndarray, sampler_logps: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """[N, 3] float64 per row: the largest ``|trainer - sampler|`` over its completion tokens, their sum and
-    count; what :func:`logprob_diff_figures` needs, gathered across processes as a few numbers per row."""
-    keep = np.asarray(mask) != 0
-    diff = np.where(keep, np.abs(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64)), 0.0)
-    return np.stack([diff.max(axis=1, initial=0.0), diff.sum(axis=1), keep.sum(axis=1).astype(np.float64)], axis=1)
-
-
-def logprob_diff_figures(rows: np.ndarray) -> dict[str, float]:
-    """:func:`logprob_diff` from the per-row figures of :func:`logprob_diff_rows` (of every row of the batch)."""
-    count = float(rows[:, 2].sum()) if len(rows) else 0.0
-    if count == 0:
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
-    return {"rollout/logprob_diff_max": float(rows[:, 0].max()),
-            "rollout/logprob_diff_mean": float(rows[:, 1].sum() / count)}
-
-
-def objective_batch(input_ids: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray,
-                    completion_mask: np.ndarray, truncated: np.ndarray, advantages: np.ndarray,
-                    mask_truncated_completions: bool, extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The GRPO objective's batch (``scaletrain.objectives.grpo``): rows, the loss mask (truncated completions
-    zeroed with ``mask_truncated_completions``), advantages, and ``extra`` (old / reference log-probs,
-    importance-sampling ratio)."""
-    mask = np.asarray(completion_mask, np.float32)
-    if mask_truncated_completions:
-        mask = truncated_mask(mask, truncated)
-    return {"input_ids": np.asarray(input_ids, np.int32), "segment_ids": np.asarray(segment_ids, np.int32),
-            "positions": np.asarray(positions, np.int32), "completion_mask": mask,
-            "advantages": np.asarray(advantages, np.float32), **extra}
+    figures = gap_figures(jnp.asarray(trainer_logps, jnp.float32), jnp.asarray(sampler_logps, jnp.float32),
+                          jnp.asarray(mask))
+    return {k: float(v) for k, v in figures.items()}
 
 
 def completion_records(step: int, prompts: list[Any], completions: list[Any], rewards: np.ndarray,

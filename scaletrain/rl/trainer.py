@@ -1,12 +1,14 @@
 """``GRPOTrainer``: the Trainer's loop, checkpoints and callbacks, with a step that samples before it learns.
 
 One step: sample ``num_generations`` completions of each of the step's prompts from the live
-training state (``scaletrain.generation``: no copy, no weight sync), score the sampled tokens
-with the trainer's own forward (the old log-probabilities, and the sampler-vs-trainer check
-``rollout/logprob_diff_*``; with one iteration the update's own forward does this check instead,
-so the step runs no extra forward, as TRL's) and, with ``beta > 0``, with the reference; run the reward
-functions, form group advantages, and take one optimizer step of the GRPO objective
-(``scaletrain.objectives.grpo``). With ``num_iterations`` = μ the rollout batch is reused for μ
+training state through the rollout interface (``scaletrain.generation.interface``: no copy, no
+weight sync), score the sampled tokens on the devices with the trainer's own forward (the old
+log-probabilities, and the sampler-vs-trainer check ``rollout/logprob_diff_*``; with one iteration
+the update's own forward does this check instead, so the step runs no extra forward, as TRL's) and,
+with ``beta > 0``, with the reference; read only the completion ids to the host and run the reward
+functions there; send the ``[N]`` rewards back, and one device program forms the group advantages
+and takes one optimizer step of the GRPO objective (``scaletrain.objectives.grpo``;
+``rl/step_programs.py`` holds both device programs). With ``num_iterations`` = μ the rollout batch is reused for μ
 steps, its old log-probabilities stored. Figures under TRL's names, the time split
 (``time/rollout``, ``time/reference``, ``time/rewards``, ``time/update``), rollout tokens/s, and
 ``completions.jsonl`` on every ``log_completions_steps``-th step (the rollout it trains on, as TRL's logging steps).
@@ -31,41 +33,32 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.generation import SamplingParams, rollout, rollout_rows, stop_token_ids
+from scaletrain.generation import RolloutEngine, SamplingParams, StaticBatchEngine, stop_token_ids
 from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
-from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
-from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.registry import get_objective_type, register_trainer, validate_options
-from scaletrain.objectives.token_logps import completion_token_stats
 from scaletrain.rl.config import GRPOConfig, RLConfig
-from scaletrain.rl.batch import trim_prompt_padding
+from scaletrain.rl.batch import kept_prompt_columns
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
-from scaletrain.rl.advantages import advantages_of, reward_kl_rows
+from scaletrain.rl.advantages import reward_figures, weighted_rewards
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout
 from scaletrain.rl.rewards import load_rewards, recorded_spec
 from scaletrain.rl.row_scores import score_rows
-from scaletrain.rl.scoring import (
-    completion_metrics,
-    completion_records,
-    decode,
-    logprob_diff_figures,
-    logs_completions,
-    objective_batch,
-)
+from scaletrain.rl.scoring import completion_metrics, completion_records, decode, logs_completions
+from scaletrain.rl.step_programs import FRESH_ONLY, REWARDS, ScoreSpec, learn_step, make_score_program
+from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import axis_names
-from scaletrain.peft.lora import join_trainable
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.checkpoint import Checkpointer
 from scaletrain.training.metrics import peak_flops_per_device
 from scaletrain.training.protocol import TrainerConfigureDataloaderOutput, TrainerConfigureFunctionOutput
 from scaletrain.training.frozen import set_up
 from scaletrain.training.state import FrozenModel, TrainState, state_shardings
-from scaletrain.training.steps import train_step
+from scaletrain.training.steps import LayoutJit, rank_sharding, train_step
 from scaletrain.training.trainer import Trainer
 from scaletrain.training.trl_inputs import default_arguments, model_from, one_of, tokenizer_from, with_peft_config
 
@@ -76,16 +69,17 @@ COMPLETIONS_FILE = "completions.jsonl"
 
 @dataclasses.dataclass
 class _Scored:
-    """A rollout made into the objective's batch (placed on the devices), with its figures; ``host``: this
-    process's rows of the same batch on the host, and the prompt batch ``(epoch, index)`` it came from."""
+    """A rollout made into the objective's batch, on the devices: with the ``[N]`` rewards until its first update
+    turns them into advantages, which a reuse (``num_iterations``) reads. Its figures, the prompt batch
+    ``(epoch, index)`` it came from, and what ``completions.jsonl`` shows of it once the advantages are known."""
 
     batch: dict[str, jax.Array]
-    metrics: dict[str, float]
-    host: dict[str, np.ndarray]
+    metrics: dict[str, Any]
     epoch: int
     index: int
     update_flops: float | None = None  # model FLOPs of one update on this batch (rl/flops.py); None: not known
     update_tokens: float = 0.0  # the real tokens (prompt + completion) the update reads
+    shown: tuple[list[Any], list[Any], np.ndarray, int] | None = None  # (prompts, completions, rewards, rows)
 
 
 def check_batch_size(total_batch_size: int, num_generations: int) -> int:
@@ -109,6 +103,9 @@ class GRPOTrainer(Trainer):
     CSV path, dicts, a ``datasets.Dataset``) that the tokenizer turns into them. ``reward_funcs``:
     callables or recipe entries (``scaletrain.rl.rewards``); default ``options.reward_funcs``.
     A variant (``rl/variants.py``) names another ``objective_type`` (its options and objective) and config class.
+    ``rollout_engine``: what samples (a :class:`~scaletrain.generation.interface.RolloutEngine`; its sampling
+    temperature should be ``options.temperature``, at which the trainer scores the tokens); default today's
+    static-batch engine (:meth:`make_rollout_engine`).
     """
 
     objective_type: ClassVar[str] = "grpo"
@@ -118,7 +115,8 @@ class GRPOTrainer(Trainer):
                  eval_dataset: Any = None, processing_class: Any = None, *, arguments: Any = None,
                  dataset_train: Any = None, dataset_eval: Any = None, tokenizer: Any = None,
                  options: GRPOOptions | dict[str, Any] | None = None, objective: Any = None,
-                 eval_bytes_per_token: float | None = None, peft_config: Any = None, **kwargs: Any):
+                 eval_bytes_per_token: float | None = None, peft_config: Any = None,
+                 rollout_engine: RolloutEngine | None = None, **kwargs: Any):
         arguments = one_of(args=args, arguments=arguments)
         if arguments is None and isinstance(model, (str, os.PathLike)):  # TRL's default: "<model name>-GRPO"
             arguments = default_arguments(self.config_class, model, self.objective_type.upper())
@@ -156,6 +154,7 @@ class GRPOTrainer(Trainer):
         self._scored: _Scored | None = None
         self._reference: FrozenModel | None = None
         self._rows: RowLayout | None = None
+        self._given_engine = rollout_engine
         objective = objective if objective is not None else kind.build(o)
         if isinstance(objective, GRPOObjective):
             # one iteration, one micro-batch, no correction, no KL in the reward: the update's forward is the
@@ -205,36 +204,30 @@ class GRPOTrainer(Trainer):
         return built
 
     def configure_functions(self) -> TrainerConfigureFunctionOutput:
+        """The device programs of a step (``rl/step_programs.py``): the score program, and as
+        ``sharded_training_step_function`` the update that forms the advantages, jitted per batch layout with the
+        base trainer's per-key in-shardings (``LayoutJit``); and the rollout engine."""
         args, o = self.arguments, self.options
-        sharding = batch_sharding(args, self._mesh)  # checks the batch against the mesh
-        self._batch_axes = sharding.spec[0] if len(sharding.spec) else None
+        self.batch_sharding = batch_sharding(args, self._mesh)  # checks the batch against the mesh
+        self._batch_axes = self.batch_sharding.spec[0] if len(self.batch_sharding.spec) else None
         state_sh = state_shardings(self._model_state)
         replicated = NamedSharding(self._mesh, PartitionSpec())
-        self._update = jax.jit(
-            functools.partial(train_step, tx=self._optimizer, objective=self.objective,
-                              gradient_accumulation_steps=args.gradient_accumulation_steps,
-                              log_grad_norms=args.log_grad_norms, log_weight_stats=args.log_weight_stats),
-            out_shardings=(state_sh, replicated), donate_argnums=(0,))
-        temperature = o.temperature
-        graphdef = self._model_state.graphdef
-
-        def policy_logps(params: Any, frozen: Any, ids: jax.Array, seg: jax.Array, pos: jax.Array,
-                         width: int) -> jax.Array:
-            return completion_token_stats(join_trainable(graphdef, params, frozen), ids, seg, pos, width, temperature)[0]
-
-        def reference_logps(params: Any, frozen: Any, reference: Any, ids: jax.Array, seg: jax.Array,
-                            pos: jax.Array, width: int) -> jax.Array:
-            model = reference.model if reference is not None else adapters_off(join_trainable(graphdef, params, frozen))
-            return completion_token_stats(model, ids, seg, pos, width, temperature)[0]
-
-        self._policy_logps = jax.jit(policy_logps, static_argnames="width")
-        self._reference_logps = jax.jit(reference_logps, static_argnames="width")
-        stops = stop_token_ids(self.tokenizer, getattr(self._model.config, "eos_token_id", None))
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        self._sampling = SamplingParams(
-            max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
-            top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
-            pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
+        update = functools.partial(train_step, tx=self._optimizer, objective=self.objective,
+                                   gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                   log_grad_norms=args.log_grad_norms, log_weight_stats=args.log_weight_stats)
+        learn = LayoutJit(functools.partial(learn_step, update=update, num_generations=o.num_generations,
+                                            estimator=self.objective.advantages, replicated=replicated),
+                          state_sh, self.batch_sharding, (state_sh, replicated, self._row_sharding(1)),
+                          donate_argnums=(0,))
+        spec = ScoreSpec(temperature=o.temperature, check_in_update=self._check_in_update,
+                         num_iterations=o.num_iterations, beta=o.beta,
+                         mask_truncated_completions=o.mask_truncated_completions,
+                         importance_sampling=(o.vllm_importance_sampling_mode, o.vllm_importance_sampling_clip_min,
+                                              o.vllm_importance_sampling_clip_max)
+                         if o.vllm_importance_sampling_correction else None,
+                         kl_rows=self.objective.advantages.kl_coef != 0.0)
+        self._score = make_score_program(self._model_state.graphdef, spec, self._row_sharding, replicated)
+        self.rollout_engine = self.make_rollout_engine()
         self._flops_per_token = self._model.config.flops_per_token(args.max_length)
         self._peak_flops = peak_flops_per_device(args.peak_flops_per_device)
         cost = TokenCost.of(self._model.config, adapter_parameters(self._model_state.params),
@@ -242,7 +235,20 @@ class GRPOTrainer(Trainer):
         self._flops = StepFlops(cost, self._peak_flops, jax.device_count())
         checkpointer = Checkpointer.for_run(args.output_dir, save_total_limit=args.save_total_limit,
                                             keep_best=args.save_best)
-        return TrainerConfigureFunctionOutput(self._grpo_step, None, self._mesh, checkpointer)
+        return TrainerConfigureFunctionOutput(learn, None, self._mesh, checkpointer)
+
+    def make_rollout_engine(self) -> RolloutEngine:
+        """What samples the step's completions: ``rollout_engine=`` if given, else today's static-batch engine with
+        the options' sampling (TRL's names; the tokenizer's stop ids, its pad id)."""
+        if self._given_engine is not None:
+            return self._given_engine
+        o = self.options
+        stops = stop_token_ids(self.tokenizer, getattr(self._model.config, "eos_token_id", None))
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return StaticBatchEngine(SamplingParams(
+            max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
+            top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
+            pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0))))
 
     def plan_batch_lines(self) -> list[str]:
         """What a rollout samples and an update reads (``rl/plan.py``); the engine splits rows over the batch axes."""
@@ -251,37 +257,41 @@ class GRPOTrainer(Trainer):
         return grpo_plan_lines(self.arguments, self.options, [len(r.prompt_ids) for r in self.prompt_rows], devices)
 
     # ---- the step -------------------------------------------------------------------------
-    def _fetch_batch(self) -> tuple[PromptBatch, Any] | None:
-        """The next step's prompts (host indices: sampling needs the current state, so nothing is placed ahead)."""
-        try:
-            batch = next(self.dataloader_train)
-        except StopIteration:
-            return None
-        return batch, self.dataloader_train.get_state()
+    def place_batch(self, batch: PromptBatch) -> PromptBatch:
+        """The step's prompts stay host indices: sampling needs the current state, so nothing is placed ahead."""
+        return batch
 
-    def _grpo_step(self, state: TrainState, prompts: PromptBatch) -> tuple[TrainState, dict[str, Any]]:
+    def run_training_step(self, state: TrainState, prompts: PromptBatch) -> tuple[TrainState, dict[str, Any]]:
+        """Sample and score a fresh rollout (or reuse the current one inside a ``num_iterations`` cycle), then the
+        update program (``sharded_training_step_function``): the device arrays go in as they are."""
         step = self.global_step + 1
-        host: dict[str, float] = {}
+        host: dict[str, Any] = {}
         if prompts.fresh or self._scored is None:
             if not prompts.fresh:
                 logger.warning("step %d reuses a rollout that the checkpoint did not keep: sampling it again from "
                                "the resumed parameters", step)
             self._scored = self._rollout(state, prompts, step)
             host = self._scored.metrics
+        scored = self._scored
         start = time.perf_counter()
-        state, metrics = self._update(state, self._scored.batch)
+        state, metrics, advantages = self.sharded_training_step_function(state, scored.batch)
         jax.block_until_ready(metrics["loss"])
         seconds = time.perf_counter() - start
+        if REWARDS in scored.batch:  # its first update: the advantages join the batch that a reuse reads
+            scored.batch = {**{k: v for k, v in scored.batch.items() if k not in FRESH_ONLY}, "advantages": advantages}
+            if scored.shown is not None:
+                self._log_completions(step, scored.shown, advantages)
         return state, {**metrics, **host, "time/update": seconds,
-                       **self._flops.update(self._scored.update_flops, self._scored.update_tokens, seconds)}
+                       **self._flops.update(scored.update_flops, scored.update_tokens, seconds)}
 
     def throughput(self, tokens: float, seconds: float) -> dict[str, float]:
         """What the steps since the last log computed (``rl/flops.py``), not ``tokens`` (``max_length`` rows)."""
         return self._flops.interval(seconds)
 
     def _row_sharding(self, ndim: int) -> NamedSharding:
-        """Rows over the batch axes, every other dimension whole."""
-        return NamedSharding(self._mesh, PartitionSpec(self._batch_axes, *([None] * (ndim - 1))))
+        """A batch key of rank ``ndim`` as the update reads it (``rank_sharding`` of the batch sharding): rows over
+        the batch axes."""
+        return rank_sharding(self.batch_sharding, ndim)
 
     def _layout(self) -> RowLayout:
         """Which rows of a step's batch (``training.total_batch_size`` completions) this process holds and scores."""
@@ -289,74 +299,69 @@ class GRPOTrainer(Trainer):
             self._rows = RowLayout(self._row_sharding(1), self.arguments.total_batch_size)
         return self._rows
 
-    def _place(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """This process's rows of the objective's batch (``RowLayout.held``) as global arrays over the batch axes."""
-        return {k: self._layout().place(np.asarray(v), self._row_sharding) for k, v in batch.items()}
+    def _place(self, whole: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """A whole batch that every process holds on the host (a stored rollout, the rewards) as global arrays, laid
+        out as the update reads them."""
+        return {k: jax.make_array_from_callback(np.shape(v), self._row_sharding(np.ndim(v)),
+                                                lambda index, v=v: np.asarray(v)[index]) for k, v in whole.items()}
 
     def _rollout(self, state: TrainState, prompts: PromptBatch, step: int) -> _Scored:
-        """Sample, score and form the step's batch. On several processes every one runs the same rollout over the
-        global mesh, reads the rows its devices hold, runs the rewards of the rows it owns, and gathers the small
-        per-row results (rewards, lengths, log-prob gaps) so the batch-wide advantages and figures are the same
-        everywhere (``rl/process_rows.py``)."""
+        """Sample, score and form the step's batch, on the devices; only the completion ids (and the per-row lengths
+        and truncation flags) are read to the host, for the rewards, and only the ``[N]`` rewards go back. On
+        several processes every one runs the same rollout over the global mesh, reads the rows its devices hold,
+        runs the rewards of the rows it owns, and gathers the small per-row results (rewards, lengths) so the
+        batch-wide rewards and figures are the same everywhere (``rl/process_rows.py``)."""
         args, o = self.arguments, self.options
         rows, g = [self.prompt_rows[i] for i in prompts.indices], o.num_generations
         t0 = time.perf_counter()
-        out = rollout(state, [list(r.prompt_ids) for r in rows], self._sampling, num_generations=g,
-                      seed=args.seed, step=step)
+        out = self.rollout_engine.generate(state, [list(r.prompt_ids) for r in rows], num_generations=g,
+                                           seed=args.seed, step=step)
         jax.block_until_ready(out)
         t1 = time.perf_counter()
-        prompt_ids, prompt_mask = trim_prompt_padding(out.prompt_ids, out.prompt_mask,
-                                                      max(len(r.prompt_ids) for r in rows))
-        ids, seg, pos = rollout_rows(prompt_ids, prompt_mask, out.completion_ids, out.completion_mask)
-        width = int(out.completion_ids.shape[1])
-        device = {"input_ids": ids, "segment_ids": seg, "positions": pos, "completion_ids": out.completion_ids,
-                  "completion_mask": out.completion_mask, "sampler": out.log_probs, "lengths": out.lengths,
-                  "truncated": out.truncated}
-        if not self._check_in_update:  # else the update's forward scores the tokens (rollout/logprob_diff_*)
-            device["policy"] = self._policy_logps(state.params, state.frozen, ids, seg, pos, width=width)
-        if o.beta != 0.0:
-            device["ref_logps"] = self._reference_logps(state.params, state.frozen, self._reference, ids, seg, pos,
-                                                        width=width)
-        layout = self._layout()
-        device = jax.device_put(device, {k: self._row_sharding(v.ndim) for k, v in device.items()})
-        h = {k: layout.read(v) for k, v in device.items()}  # this process's rows only
+        width = int(out.prompt_ids.shape[1])
+        drop = width - kept_prompt_columns(width, max(len(r.prompt_ids) for r in rows))
+        batch, gap, for_host = self._score(state.params, state.frozen, self._reference, out._asdict(), drop=drop)
+        jax.block_until_ready(batch)
         t2 = time.perf_counter()
-        scored = score_rows(layout, h, rows, g, self.reward_functions, self.tokenizer, self.conversational,
-                            o.reward_timeout, self._check_in_update)
-        per_func, lengths, truncated, comp_ids = scored.per_func, scored.lengths, scored.truncated, scored.comp_ids
+        layout = self._layout()
+        held = {k: layout.read(v) for k, v in for_host.items()}  # the only reads: this process's rows
+        scored = score_rows(layout, held, rows, g, self.reward_functions, self.tokenizer, self.conversational,
+                            o.reward_timeout)
         names = [f.name for f in self.reward_functions]
-        kl_rows = reward_kl_rows(self.objective.advantages, layout, h, o.mask_truncated_completions)
-        adv = advantages_of(per_func, self.reward_weights, g, self.objective.advantages, names, kl_rows)
+        # the [N] weighted rewards go back to the devices, where the update program makes them advantages with
+        # the objective's estimator (less RLOO's KL, kl_rows); the figures TRL logs beside them are read here
+        rewards, spec = weighted_rewards(scored.per_func, self.reward_weights), self.objective.advantages
+        kl_rows = layout.gather(held["kl_rows"], rows="held") if "kl_rows" in held else None
+        figures = reward_figures(scored.per_func, rewards, np.asarray(spec.shaped(rewards, kl_rows)), g, spec.spread,
+                                 names)
+        batch = {**batch, **self._place({REWARDS: rewards})}
         t3 = time.perf_counter()
-        mask = np.asarray(h["completion_mask"], np.float32)
-        extra = {"ref_logps": h["ref_logps"]} if o.beta != 0.0 else {}
-        if self._check_in_update:
-            extra["sampler_logps"] = h["sampler"]
-        if o.num_iterations > 1:
-            extra["old_logps"] = h["policy"]
-        if o.vllm_importance_sampling_correction:
-            extra["importance_sampling_ratio"] = np.asarray(importance_sampling_ratio(
-                h["policy"], h["sampler"], mask, o.vllm_importance_sampling_mode,
-                o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max))
-        batch = objective_batch(h["input_ids"], h["segment_ids"], h["positions"], mask, h["truncated"],
-                                adv.advantages[layout.held], o.mask_truncated_completions, extra)
+        lengths = scored.lengths
         counted, flops, tokens = self._flops.rollout(np.repeat([len(r.prompt_ids) for r in rows], g), lengths,
                                                      t1 - t0, scored=not self._check_in_update, reference=o.beta != 0)
-        metrics = {**adv.metrics, **completion_metrics(lengths, truncated),
-                   **({} if self._check_in_update else logprob_diff_figures(scored.diffs)), **scored.timeouts,
+        metrics = {**figures, **completion_metrics(lengths, scored.truncated), **gap, **scored.timeouts,
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9), **counted}
+        shown = None
         if o.log_completions and logs_completions(step, o.num_iterations, o.log_completions_steps,
                                                   self.max_training_steps):
-            all_ids = layout.gather(comp_ids)  # every process takes part; process 0 writes
-            if self.is_main_process:
-                shown = len(all_ids) if o.num_completions_to_print is None else o.num_completions_to_print
-                shown = min(shown, len(all_ids))
-                texts = decode(self.tokenizer, all_ids[:shown], lengths[:shown].astype(np.int64), self.conversational)
-                self._write_completions(completion_records(step, [rows[r // g].prompt for r in range(shown)], texts,
-                                                           per_func, names, adv.advantages, shown))
-        return _Scored(self._place(batch), metrics, batch, prompts.epoch, prompts.index,
-                       update_flops=flops, update_tokens=tokens)
+            all_ids = layout.gather(scored.comp_ids)  # every process takes part; process 0 writes
+            count = len(all_ids) if o.num_completions_to_print is None else o.num_completions_to_print
+            count = min(count, len(all_ids))
+            texts = decode(self.tokenizer, all_ids[:count], lengths[:count].astype(np.int64), self.conversational)
+            shown = ([rows[r // g].prompt for r in range(count)], texts, scored.per_func, count)
+        return _Scored(batch, metrics, prompts.epoch, prompts.index, update_flops=flops, update_tokens=tokens,
+                       shown=shown)
+
+    def _log_completions(self, step: int, shown: tuple[list[Any], list[Any], np.ndarray, int],
+                         advantages: jax.Array) -> None:
+        """``completions.jsonl``'s records of a rollout, once its update formed the advantages (``[N]``, read here:
+        a gather on several processes, so every process calls it; process 0 writes)."""
+        advantages = to_host(advantages)
+        if self.is_main_process:
+            prompts, texts, per_func, count = shown
+            names = [f.name for f in self.reward_functions]
+            self._write_completions(completion_records(step, prompts, texts, per_func, names, advantages, count))
 
     def _write_completions(self, records: list[dict[str, Any]]) -> None:
         """One whole append (``log_files``): a refused write leaves the file as it was and names it."""
@@ -381,7 +386,7 @@ class GRPOTrainer(Trainer):
         The whole batch, gathered from every process (process 0 writes it), so any process count resumes it."""
         position = dict(super().consumed_data_state())
         if position.get("repeat", 0) and self._scored is not None:
-            whole = {k: self._layout().gather(v, rows="held") for k, v in self._scored.host.items()}  # collectives
+            whole = {k: to_host(v) for k, v in self._scored.batch.items()}  # gathers over processes: collectives
             position[rollout_store.KEY] = rollout_store.encode(whole, epoch=self._scored.epoch,
                                                                index=self._scored.index)
         return position
@@ -410,11 +415,10 @@ class GRPOTrainer(Trainer):
                 record = json.load(f)["train"].get(rollout_store.KEY)
         except (OSError, ValueError, KeyError):
             record = None
-        if record is None:  # a checkpoint from before rollouts were stored: _grpo_step samples it again, warning
+        if record is None:  # a checkpoint from before rollouts were stored: sampled again, with a warning
             return state
         whole = rollout_store.decode(record, epoch=position["epoch"], index=position["index"], where=where)
-        host = {k: v[self._layout().held] for k, v in whole.items()}  # this process's rows of the whole batch
-        self._scored = _Scored(self._place(host), {}, host, position["epoch"], position["index"])
+        self._scored = _Scored(self._place(whole), {}, position["epoch"], position["index"])
         return state
 
 

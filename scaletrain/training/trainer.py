@@ -83,13 +83,29 @@ class Trainer(BaseTrainer):
             last_save_file_name=None if self.last_checkpoint is None else os.path.basename(self.last_checkpoint),
         )
 
-    def _fetch_batch(self) -> tuple[dict[str, jax.Array], Any] | None:
-        """The next batch, already placed on the devices, and the iterator state after it."""
+    def _fetch_batch(self) -> tuple[Any, Any] | None:
+        """The next batch, placed where the step reads it (:meth:`place_batch`), and the iterator state after it."""
         try:
             batch = next(self.dataloader_train)
         except StopIteration:
             return None
-        return self.shard_batch(batch), self.dataloader_train.get_state()
+        return self.place_batch(batch), self.dataloader_train.get_state()
+
+    def place_batch(self, batch: Any) -> Any:
+        """A loader batch put where :meth:`run_training_step` reads it, ahead of the step: on the devices
+        (:meth:`shard_batch`). A trainer whose step must first compute from it on the host with the current
+        state (GRPO samples its prompts' completions) returns it as it is."""
+        return self.shard_batch(batch)
+
+    def run_training_step(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
+        """One step of the loop: the jitted ``sharded_training_step_function`` on the placed batch.
+
+        A trainer whose step has host work between device programs (GRPO: rewards are Python
+        callables over the sampled text) overrides this and keeps ``sharded_training_step_function``
+        the jitted device program it calls; raising :class:`StepInterrupted` gives the step up
+        before its update.
+        """
+        return self.sharded_training_step_function(state, batch)
 
     def _loop(self, state: TrainState) -> TrainState:
         """Step until a callback asks to stop; batch ``n+1`` is fetched and placed while step ``n`` runs.
@@ -120,7 +136,7 @@ class Trainer(BaseTrainer):
                 self.fire("pre_step", step)
                 state = self.on_step_start(state, step)
                 try:
-                    state, metrics = self.sharded_training_step_function(state, batch)
+                    state, metrics = self.run_training_step(state, batch)
                 except StepInterrupted as stop:  # the state is still the last step's: checkpointed as is
                     self.request_stop(f"{stop} at step {step}, before its update (a resumed run takes it again)")
                     break
