@@ -11,11 +11,12 @@ Everything else stays where the rollout left it:
    beside them: the old log-probabilities (``num_iterations`` > 1), the reference's
    (``beta`` != 0), TRL's importance-sampling ratio, the sampler's log-probabilities when the
    update's forward checks them; else the sampler-vs-trainer gap ``rollout/logprob_diff_*`` as
-   two device scalars. It runs while nothing waits on the host but the rewards.
+   two device scalars. It runs before the rewards (its time is ``time/reference``).
 2. :func:`learn_step` (the trainer's ``sharded_training_step_function``, jitted per batch layout with
    the base trainer's per-key in-shardings, ``training.steps.LayoutJit``): the ``[N]`` rewards become
-   advantages (the objective's estimator, ``objectives/advantage_estimators.py``), join the batch, and one optimizer step of the objective runs; a
-   reused rollout (``num_iterations``) comes back with its advantages and runs the update alone.
+   advantages (the objective's estimator, ``objectives/advantage_estimators.py``), join the batch, and one
+   optimizer step of the objective runs; a reused rollout (``num_iterations``) comes back with its advantages
+   and runs the update alone.
 """
 
 from __future__ import annotations
