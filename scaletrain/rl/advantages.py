@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from scaletrain.objectives.advantage_estimators import REWARD_SCALES, AdvantageSpec, nanmean, nanstd
-from scaletrain.rl.batch import truncated_mask
 
 
 @dataclasses.dataclass
@@ -83,17 +81,3 @@ def group_advantages(rewards_per_func: np.ndarray, weights: Sequence[float], num
         raise ValueError(f"scale_rewards={scale_rewards!r} is not one of {list(REWARD_SCALES)}")
     return advantages_of(rewards_per_func, weights, num_generations,
                          AdvantageSpec.of("grpo", {"scale_rewards": scale_rewards}), names)
-
-
-def reward_kl_rows(spec: AdvantageSpec, layout: Any, held: dict[str, np.ndarray],
-                   mask_truncated: bool) -> np.ndarray | None:
-    """Each completion's ``sum_t (policy_t - reference_t)`` over its counted tokens, f32[N] (every process's rows,
-    gathered: a collective), that an estimator with ``kl_coef`` (RLOO's ``beta``) takes off the reward as TRL's
-    ``RLOOTrainer``, the first-order KL; None for the others. ``held``: this process's rows of the rollout."""
-    if spec.kl_coef == 0.0:
-        return None
-    mask = np.asarray(held["completion_mask"], np.float32)
-    if mask_truncated:  # a masked-out completion counts no token, in its KL too (as TRL masks before scoring)
-        mask = truncated_mask(mask, held["truncated"])
-    kl = np.sum((held["policy"] - held["ref_logps"]) * mask, axis=1).astype(np.float32)
-    return layout.gather(kl, rows="held")
