@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from preference_testing import export, tiny_llama, word_tokenizer
+from xla_testing import child_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "grpo_resume_worker.py")
@@ -23,8 +24,9 @@ PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a frui
 def _worker(workdir, run, kill_at=None, reference=None):
     cmd = [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + ([reference] if reference
                                                                                            else [])
-    # one CPU device (the suite's 8 are for the mesh tests): the run compiles several times faster
-    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    # one CPU device (the suite's 8 are for the mesh tests): the run compiles several times faster; the cheap
+    # compile setting too, as every run compared here is such a child (tests/xla_testing.py)
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 

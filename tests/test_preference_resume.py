@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from preference_testing import export, tiny_llama, word_tokenizer
+from xla_testing import child_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "preference_resume_worker.py")
@@ -23,7 +24,11 @@ PAIRS = [{"prompt": f"count to {a}", "chosen": f" {b} {a}", "rejected": f" {c}"}
 def _worker(workdir, run, kill_at=None, reference=None):
     cmd = [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + ([reference] if reference
                                                                                            else [])
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    # one CPU device, as tests/test_grpo_resume.py: the guarantee is the resume's, not the mesh's (sharded
+    # restore is tests/test_checkpoint.py's); each of the four runs compiles for one device, not the suite's 8,
+    # at the cheap setting (every run compared here is such a child: tests/xla_testing.py)
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
 def _train_records(path):
