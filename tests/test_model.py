@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from scaletrain import TaskType
 from scaletrain.errors import ConfigError
 from scaletrain.models import (
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     Qwen2Config,
-    TaskType,
     get_modules_by_type,
 )
 from scaletrain.models.options import REMAT_POLICIES

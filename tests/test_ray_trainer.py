@@ -16,7 +16,8 @@ from docs_testing import doc_blocks
 from scaletrain.compat.easydel import RayDistributedConfig, RayDistributedTrainer, TrainerSetupError, codec
 from scaletrain.data import bundled_tokenizer_path
 from scaletrain.errors import ConfigError
-from scaletrain.models import LlamaConfig, LlamaForCausalLM, MistralForCausalLM, TaskType
+from scaletrain import TaskType
+from scaletrain.models import LlamaConfig, LlamaForCausalLM, MistralForCausalLM
 from scaletrain.parallel import PartitionAxis
 
 SMALL_SCALING = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}

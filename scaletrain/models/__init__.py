@@ -15,7 +15,6 @@ from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.family import family_classes
 from scaletrain.models.factory import create_sharded_model, mesh_for_config
 from scaletrain.models.registry import get_modules_by_type, register_module, registered_model_types
-from scaletrain.models.task import TaskType
 
 #: folders under models/ that hold shared code, not a family
 SHARED_PACKAGES = ("common", "kernels")
@@ -33,7 +32,6 @@ globals().update(family_classes())
 __all__ = sorted({
     *family_classes(),
     "DecoderConfig",
-    "TaskType",
     "create_sharded_model",
     "family_packages",
     "get_modules_by_type",

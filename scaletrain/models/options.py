@@ -1,69 +1,16 @@
-"""EasyDeL's names for the attention kernel and the remat policy, and what each runs here.
+"""The names ``attn_mechanism`` and ``gradient_checkpointing`` accept, and what each runs here.
 
-Why: an EasyDeL config says ``attn_mechanism=AttentionMechanisms.FLASH_ATTN2`` or
-``gradient_checkpointing=EasyDeLGradientCheckPointers.NOTHING_SAVEABLE``. Each name we
-can honour is mapped onto the implementation that does the same job here; every other
-name is refused with the accepted list, never silently run as something else.
+Why a table: other tools' configs name kernels and remat policies their own way (EasyDeL's
+``flash_attn2``, ``nothing_saveable``; their enums live in :mod:`scaletrain.compat.easydel.enums`
+and arrive here as their string values). Each name we can honour is mapped onto the
+implementation that does the same job here; every other name is refused with the accepted
+list, never silently run as something else.
 """
 
 from __future__ import annotations
 
 import enum
 from typing import Any
-
-
-class AttentionMechanisms(str, enum.Enum):
-    """EasyDeL's attention implementations (member names and values as EasyDeL spells them).
-
-    Accepted: ``AUTO``, ``SDPA``, the flash family (``FLASH``, ``FLASH_ATTN2``,
-    ``CUDA_FLASH_ATTN2``) → cuDNN's fused flash kernel where it applies (GPU, bf16/fp16),
-    einsum elsewhere; ``CUDNN`` → always fused; ``VANILLA`` and ``BLOCKWISE`` → einsum
-    with float32 softmax over causal query blocks. The rest are refused (:data:`REFUSED_ATTENTION`).
-    """
-
-    AUTO = "auto"
-    FLASH = "flash"
-    FLASH_ATTN2 = "flash_attn2"
-    CUDA_FLASH_ATTN2 = "cuda_flash_attn2"
-    SDPA = "sdpa"
-    CUDNN = "cudnn"
-    VANILLA = "vanilla"
-    BLOCKWISE = "blockwise"
-    RING = "ring"
-    SPLASH = "splash"
-    BLOCKSPARSE = "blocksparse"
-    RAGGED_PAGE_ATTENTION_V2 = "ragged_page_attention_v2"
-    RAGGED_PAGE_ATTENTION_V3 = "ragged_page_attention_v3"
-    PAGED_ATTENTION = "page_attention"
-    REGRESSIVE_DECODE = "autoregressive_decodeattn"
-
-
-class EasyDeLGradientCheckPointers(str, enum.Enum):
-    """EasyDeL's remat policies (member names and values as EasyDeL spells them; ``NONE`` is ``""``).
-
-    Accepted: ``NONE`` and ``EVERYTHING_SAVEABLE`` (saving everything is no remat) →
-    ``none``; ``NOTHING_SAVEABLE`` → ``full``; ``CHECKPOINT_DOTS``/``DOTS_SAVEABLE`` →
-    ``dots``; ``CHECKPOINT_DOTS_WITH_NO_BATCH_DMIS``/``DOTS_WITH_NO_BATCH_DIMS_AVAILABLE``
-    → ``dots_with_no_batch_dims``; ``SELECTIVE`` → ``dots_with_no_batch_dims`` (selective
-    recomputation: keep the projections' outputs, recompute the attention scores). The
-    name-list policies are refused: they need EasyDeL's checkpoint names.
-    """
-
-    NONE = ""
-    EVERYTHING_SAVEABLE = "everything_saveable"
-    NOTHING_SAVEABLE = "nothing_saveable"
-    CHECKPOINT_DOTS = "checkpoint_dots"
-    CHECKPOINT_DOTS_WITH_NO_BATCH_DMIS = "checkpoint_dots_with_no_batch_dims"
-    DOTS_SAVEABLE = "dots_saveable"
-    DOTS_WITH_NO_BATCH_DIMS_AVAILABLE = "dots_with_no_batch_dims_saveable"
-    SELECTIVE = "selective"
-    SAVE_ANYTHING_EXCEPT_THESE_NAMES = "save_anything_except_these_names"
-    SAVE_ANY_NAMES_BUT_THESE = "save_any_names_but_these"
-    SAVE_ONLY_THESE_NAMES = "save_only_these_names"
-    SAVE_FROM_BOTH_POLICIES = "save_from_both_policies"
-    ATTN_NOTSAVEABLE = "attn_notsaveable"
-    MLP_NOTSAVEABLE = "mlp_notsaveable"
-    MLP_ATTN_NOTSAVEABLE = "mlp_attn_notsaveable"
 
 
 # accepted attn_mechanism value -> the value models/kernels/attention.py runs ("auto"/"sdpa": fused
@@ -104,7 +51,7 @@ def _text(value: Any) -> str:
 
 
 def attention_implementation(value: Any) -> str:
-    """The ``attn_mechanism`` we run for ``value`` (a name or an :class:`AttentionMechanisms`); ValueError otherwise."""
+    """The ``attn_mechanism`` we run for ``value`` (a name or a str enum member); ValueError otherwise."""
     name = _text(value)
     if isinstance(name, str) and name.lower() in ATTENTION:
         return ATTENTION[name.lower()]
@@ -113,8 +60,8 @@ def attention_implementation(value: Any) -> str:
 
 
 def remat_policy(value: Any) -> str:
-    """The remat policy we apply for ``value`` (a name, an :class:`EasyDeLGradientCheckPointers`,
-    True = full, None/False = none); ValueError otherwise."""
+    """The remat policy we apply for ``value`` (a name or a str enum member, True = full, None/False = none);
+    ValueError otherwise."""
     if value is None or value is False:
         return "none"
     if value is True:

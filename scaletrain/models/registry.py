@@ -1,4 +1,4 @@
-"""``(model_type, TaskType) -> (config class, module class)``, as EasyDeL's RayDistributedTrainer
+"""``(model_type, task) -> (config class, module class)``, as EasyDeL's RayDistributedTrainer
 uses it, and ``AutoModelForCausalLM``, which reads that map for a Hugging Face folder's model_type.
 
 The map is filled by each family package's ``register(...)`` call
@@ -24,14 +24,14 @@ from scaletrain.models.common.family import (
 )
 from scaletrain.models.hf import load_hf_checkpoint
 from scaletrain.models.hf_config import CONFIG_FILE, read_hf_config, supported_model_type
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import CAUSAL_LM, TASKS, task_name
 from scaletrain.parallel.partition import PartitionAxis
 
 __all__ = ["MODULES", "AutoModelForCausalLM", "get_modules_by_type", "model_class_identity", "register_module",
            "registered_model_types"]
 
 
-def model_class_identity(model_class: type) -> tuple[str, TaskType]:
+def model_class_identity(model_class: type) -> tuple[str, str]:
     """``(model_type, task)`` of a module class: its ``_model_type`` / ``_model_task``, else its registry entry.
 
     EasyDeL reads the two class attributes directly, so a class without them failed
@@ -46,15 +46,15 @@ def model_class_identity(model_class: type) -> tuple[str, TaskType]:
         if not entries:
             raise ConfigError(
                 f"model_class {name} has no _model_type/_model_task and is not registered: give it class "
-                "attributes `_model_type = \"...\"` and `_model_task = TaskType....`, or call "
+                "attributes `_model_type = \"...\"` and `_model_task = 'causal-language-model'`, or call "
                 "scaletrain.models.register_module(model_type, task, config_class, module_class)"
             )
         model_type, task = entries[0]
     try:
-        return model_type, TaskType(task)
+        return model_type, task_name(task)
     except ValueError:
         raise ConfigError(f"model_class {name} has _model_task={task!r}; known tasks: "
-                          f"{[t.value for t in TaskType]}") from None
+                          f"{list(TASKS)}") from None
 
 
 class AutoModelForCausalLM:
@@ -79,7 +79,7 @@ class AutoModelForCausalLM:
         see :func:`scaletrain.models.hf.load_hf_checkpoint`."""
         where = os.path.join(os.fspath(local_dir), CONFIG_FILE)
         model_type = supported_model_type(read_hf_config(local_dir), where)
-        _, module_class = get_modules_by_type(model_type, TaskType.CAUSAL_LM)
+        _, module_class = get_modules_by_type(model_type, CAUSAL_LM)
         return load_hf_checkpoint(
             local_dir,
             module_class,

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scaletrain.compat.easydel.enums import TaskType
 from scaletrain.errors import ConfigError
-from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
 
 # jax.numpy scalar types (``jnp.bfloat16`` ...) by name; ``np.dtype`` objects are tagged apart

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from scaletrain.compat.easydel import codec
-from scaletrain.models.options import AttentionMechanisms, EasyDeLGradientCheckPointers
+from scaletrain.compat.easydel.enums import AttentionMechanisms, EasyDeLGradientCheckPointers
 from scaletrain.parallel.partition import PartitionAxis
 
 ENCODING = "scaletrain"

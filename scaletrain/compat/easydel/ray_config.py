@@ -20,9 +20,9 @@ import jax.numpy as jnp
 from pydantic import BaseModel
 
 from scaletrain.compat.easydel import config_format
+from scaletrain.compat.easydel.enums import TaskType
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import get_modules_by_type, model_class_identity
-from scaletrain.models.task import TaskType
 from scaletrain.parallel.partition import PartitionAxis
 from scaletrain.remote_storage import read_text, write_text
 
@@ -105,9 +105,10 @@ def resolve_model_class(model_class: type | None, model_type: str | None,
 
 def _identity(model_class: type) -> tuple[str, TaskType]:
     try:
-        return model_class_identity(model_class)
+        model_type, task = model_class_identity(model_class)
     except ConfigError as err:
         raise TrainerSetupError(str(err)) from None
+    return model_type, TaskType(task)
 
 
 def _task(model_task: TaskType | str) -> TaskType:

@@ -51,10 +51,10 @@ import numpy as np
 
 from scaletrain.compat.easydel import ray_config
 from scaletrain.compat.easydel.loading import load_bucket_model, load_hf_model
+from scaletrain.compat.easydel.enums import TaskType
 from scaletrain.compat.easydel.ray_config import MODULE_KEYS, RayDistributedConfig, require, resolve_model_class
 from scaletrain.errors import ConfigError
 from scaletrain.models.registry import get_modules_by_type
-from scaletrain.models.task import TaskType
 from scaletrain.remote_storage import check_storage
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -32,7 +32,7 @@ from scaletrain.models.common.placement import active_placement, use_placement
 from scaletrain.models.common.unrolled_layers import build_layers
 from scaletrain.models.common.remat import run_layer
 from scaletrain.models.common.scanned_layers import StackedLayers
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import BASE_MODULE, CAUSAL_LM
 from scaletrain.parallel.partition import active_sharding_axes
 
 Array = jax.Array
@@ -56,7 +56,7 @@ class DecoderModel(nnx.Module):
     ``norm_class``."""
 
     _model_type: ClassVar[str | None] = None
-    _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
+    _model_task: ClassVar[str] = BASE_MODULE
     config_class: ClassVar[type[DecoderConfig]] = DecoderConfig
     layer_class: ClassVar[type[nnx.Module]]
     norm_class: ClassVar[type[nnx.Module]] = RMSNorm
@@ -90,7 +90,7 @@ class CausalLM(nnx.Module):
     """A decoder with its language-model head; ``__call__`` returns logits in the compute ``dtype``."""
 
     _model_type: ClassVar[str | None] = None
-    _model_task: ClassVar[TaskType] = TaskType.CAUSAL_LM
+    _model_task: ClassVar[str] = CAUSAL_LM
     config_class: ClassVar[type[DecoderConfig]] = DecoderConfig
     #: the embeddings, layers and final norm (``model.*``): what a family changes
     base_model_class: ClassVar[type[DecoderModel]]

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.hf_family import HFFamily
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import BASE_MODULE, CAUSAL_LM, TASKS, task_name
 
 #: ``(model_type, task) -> (config class, module class)``
-MODULES: dict[tuple[str, TaskType], tuple[type, type]] = {}
+MODULES: dict[tuple[str, str], tuple[type, type]] = {}
 #: HF ``model_type`` -> its config.json mapping
 FAMILIES: dict[str, HFFamily] = {}
 #: HF ``model_type`` -> the HF architecture class name
@@ -57,9 +57,9 @@ MULTIMODAL: dict[str, str] = {}
 CONFORMANCE: dict[str, FamilyConformance] = {}
 
 
-def register_module(model_type: str, task_type: TaskType, config_class: type, module_class: type) -> None:
+def register_module(model_type: str, task_type: str, config_class: type, module_class: type) -> None:
     """Register a module class (and its config class) for a model type and task."""
-    MODULES[(model_type, TaskType(task_type))] = (config_class, module_class)
+    MODULES[(model_type, task_name(task_type))] = (config_class, module_class)
 
 
 def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
@@ -78,24 +78,24 @@ def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
     if conformance is not None:
         CONFORMANCE[model_type] = conformance
     MULTIMODAL.update({vl_type: model_type for vl_type in multimodal})
-    register_module(model_type, TaskType.CAUSAL_LM, hf.config_class, causal_lm)
+    register_module(model_type, CAUSAL_LM, hf.config_class, causal_lm)
     if base_module is not None:
-        register_module(model_type, TaskType.BASE_MODULE, hf.config_class, base_module)
+        register_module(model_type, BASE_MODULE, hf.config_class, base_module)
 
 
-def get_modules_by_type(model_type: str, task_type: TaskType | str = TaskType.CAUSAL_LM) -> tuple[type, type]:
+def get_modules_by_type(model_type: str, task_type: str = CAUSAL_LM) -> tuple[type, type]:
     """The ``(config_class, module_class)`` registered for ``model_type`` and ``task_type``."""
     try:
-        key = (model_type, TaskType(task_type))
+        key = (model_type, task_name(task_type))
     except ValueError:
-        raise ConfigError(f"unknown task_type {task_type!r}; known: {[t.value for t in TaskType]}") from None
+        raise ConfigError(f"unknown task_type {task_type!r}; known: {list(TASKS)}") from None
     if key not in MODULES and model_type in MULTIMODAL:
         raise ConfigError(f"model_type {model_type!r} is a vision-language model and training its vision tower is not "
                           f"supported yet; use model_type {MULTIMODAL[model_type]!r} to train its language model "
                           f"(a {model_type} folder loads as that)")
     if key not in MODULES:
-        known = sorted({f"{m}/{t.value}" for m, t in MODULES})
-        raise ConfigError(f"unknown model_type/task {model_type!r}/{key[1].value}; registered: {known}")
+        known = sorted({f"{m}/{t}" for m, t in MODULES})
+        raise ConfigError(f"unknown model_type/task {model_type!r}/{key[1]}; registered: {known}")
     return MODULES[key]
 
 
@@ -103,7 +103,7 @@ def registered_model_types() -> list[str]:
     return sorted({m for m, _ in MODULES})
 
 
-def registered_module_types(module_class: type) -> list[tuple[str, TaskType]]:
+def registered_module_types(module_class: type) -> list[tuple[str, str]]:
     """Every ``(model_type, task)`` ``module_class`` is registered under."""
     return [key for key, (_, cls) in MODULES.items() if cls is module_class]
 

@@ -24,7 +24,7 @@ from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import Attention
 from scaletrain.models.common.dense import RMSNorm
 from scaletrain.models.common.moe import RouterStats, SparseMoeBlock
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import BASE_MODULE
 
 Array = jax.Array
 #: the key of the router statistics among a mixture of experts' auxiliary outputs
@@ -70,7 +70,7 @@ class MoeModel(DecoderModel):
 
     # not registered as a base module of its own: ``model_class=MoeModel`` is refused by name
     _model_type: ClassVar[str | None] = None
-    _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
+    _model_task: ClassVar[str] = BASE_MODULE
     layer_class: ClassVar[type[nnx.Module]] = MoeDecoderLayer
 
 

@@ -33,7 +33,7 @@ from scaletrain.models.common.layers import MLP, Attention
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.dense import RMSNorm
 from scaletrain.models.gemma3.config import Gemma3TextConfig
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import BASE_MODULE
 
 Array = jax.Array
 
@@ -100,7 +100,7 @@ class Gemma3DecoderLayer(nnx.Module):
 class Gemma3TextModel(DecoderModel):
     """Embeddings, Gemma 3 decoder layers and the final (1 + w) norm (HF's ``model.*`` names)."""
 
-    _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
+    _model_task: ClassVar[str] = BASE_MODULE
     config_class: ClassVar[type[DecoderConfig]] = Gemma3TextConfig
     layer_class: ClassVar[type[nnx.Module]] = Gemma3DecoderLayer
     norm_class: ClassVar[type[nnx.Module]] = GemmaRMSNorm

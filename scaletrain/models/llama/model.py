@@ -19,7 +19,7 @@ from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.layers import MLP, Attention
 from scaletrain.models.llama.config import LlamaConfig
 from scaletrain.models.common.dense import RMSNorm
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import BASE_MODULE
 
 Array = jax.Array
 __all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "LlamaModel", "RMSNorm"]
@@ -50,7 +50,7 @@ class LlamaModel(DecoderModel):
     """Embeddings, decoder layers and the final norm (HF's ``model.*``)."""
 
     # EasyDeL's names: a base module (no head), which the trainer does not train by itself
-    _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
+    _model_task: ClassVar[str] = BASE_MODULE
     config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
     layer_class: ClassVar[type[nnx.Module]] = DecoderLayer
 
