@@ -23,8 +23,8 @@ from typing import Any
 
 from scaletrain.config_keys import unknown_key_message
 
-__all__ = ["ENTRY_POINT_GROUP", "HUGGING_FACE", "ArgumentNames", "Rule", "merge_tables", "merged_table", "report_to_names",
-           "translate_other_names"]
+__all__ = ["ENTRY_POINT_GROUP", "HUGGING_FACE", "ArgumentNames", "Rule", "merge_tables", "merged_table",
+           "report_to_names", "translate_other_names"]
 
 #: the entry-point group other tools' tables register under
 ENTRY_POINT_GROUP = "scaletrain.argument_names"

@@ -1,9 +1,9 @@
 """``TrainingArguments``: every knob of a training run, validated.
 
 Unknown keys and wrong types are errors that name the key (``InvalidConfig``, a
-``ConfigError``, with a "did you mean"). EasyDeL's and Hugging Face's names are
+``ConfigError``, with a "did you mean"). Other tools' names are
 accepted where they mean the same as ours and refused with what to set otherwise
-(the table is :mod:`scaletrain.compat.easydel.argument_names`); saving writes our names.
+(the tables: :mod:`scaletrain.argument_names` and its plugins); saving writes our names.
 Defaults never change the schedule behind the user's back: the trainer prints the
 resolved plan (steps, epochs, tokens, schedule) at start.
 """
@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, ValidationError, field_validator, model_validator
 
-from scaletrain.argument_names import HUGGING_FACE, merge_tables, report_to_names, translate_other_names
-from scaletrain.compat.easydel.argument_names import TABLE as _EASYDEL
+from scaletrain.argument_names import merged_table, report_to_names, translate_other_names
 from scaletrain.compile_cache import DEFAULT_DIR as DEFAULT_COMPILATION_CACHE
 from scaletrain.config_keys import ConfigModel, format_validation_error, key_errors
 from scaletrain.errors import ConfigError
@@ -28,8 +27,6 @@ from scaletrain.peft.lora_config import LoRAConfig
 __all__ = ["TrainingArguments", "format_validation_error", "parse_duration"]
 
 AxisSpec = str | tuple[str, ...] | None
-
-_TABLE = merge_tables([("HUGGING_FACE", HUGGING_FACE), ("EasyDeL", _EASYDEL)])
 
 
 class TrainingArguments(ConfigModel):
@@ -115,10 +112,10 @@ class TrainingArguments(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _other_names(cls, data: Any) -> Any:
-        """EasyDeL's and Hugging Face's names, translated by their table (renamed, fixed or refused)."""
+        """Other tools' names, translated by their tables (renamed, fixed or refused): scaletrain.argument_names."""
         if not isinstance(data, dict):
             return data
-        data, problems = translate_other_names(data, cls.model_fields, _fixed_value, _TABLE)
+        data, problems = translate_other_names(data, cls.model_fields, _fixed_value)
         if problems:
             try:  # the other keys' problems too, so one run shows them all
                 cls.model_validate(data)
@@ -131,13 +128,13 @@ class TrainingArguments(ConfigModel):
     @field_validator("scheduler", mode="before")
     @classmethod
     def _scheduler(cls, value: Any) -> Any:
-        value = getattr(value, "value", value)  # EasyDeLSchedulers members
-        return _TABLE.scheduler_values.get(value, value) if value is None or isinstance(value, str) else value
+        value = getattr(value, "value", value)  # an enum's members (the plugins' scheduler names)
+        return merged_table().scheduler_values.get(value, value) if value is None or isinstance(value, str) else value
 
     @field_validator("optimizer", mode="before")
     @classmethod
     def _optimizer(cls, value: Any) -> Any:
-        return getattr(value, "value", value)  # EasyDeLOptimizers members
+        return getattr(value, "value", value)  # another tool's enum members (EasyDeLOptimizers)
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -147,7 +144,7 @@ class TrainingArguments(ConfigModel):
     @field_validator("step_partition_spec", mode="before")
     @classmethod
     def _partition_spec(cls, value: Any) -> Any:
-        # EasyDeL passes a jax PartitionSpec; we keep its entries as a tuple
+        # a jax PartitionSpec (what EasyDeL users pass) is kept as the tuple of its entries
         return tuple(value) if type(value).__name__ == "PartitionSpec" else value
 
     @field_validator("frozen_parameters")
@@ -193,7 +190,7 @@ class TrainingArguments(ConfigModel):
     @field_validator("clip_grad")
     @classmethod
     def _clip(cls, value: float | None) -> float | None:
-        # 0 or null: no clipping (as the Hugging Face Trainer's max_grad_norm, its EasyDeL/HF name)
+        # 0 or null: no clipping (as the Hugging Face Trainer's max_grad_norm, its other name)
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise ValueError("must be >= 0 (0 or null: no clipping)")
         return value
@@ -231,8 +228,8 @@ class TrainingArguments(ConfigModel):
                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps})"
             )
         if "num_train_epochs" not in self.model_fields_set:
-            # an explicit step budget wins over the default epoch count, as HF's max_steps and EasyDeL's
-            # max_training_steps do; set in __dict__ (no re-validation) so assignments follow the rule too
+            # an explicit step budget wins over the default epoch count, as HF's max_steps does; set in
+            # __dict__ (no re-validation) so assignments follow the rule too
             self.__dict__["num_train_epochs"] = None if self.max_training_steps is not None else 1
         if self.num_train_epochs is None and self.max_training_steps is None:
             raise ValueError("set num_train_epochs or max_training_steps (or both)")
@@ -243,15 +240,12 @@ class TrainingArguments(ConfigModel):
         """Sequences per micro-batch (one forward/backward inside the step)."""
         return self.total_batch_size // self.gradient_accumulation_steps
 
-    @property
-    def max_sequence_length(self) -> int:
-        """EasyDeL's name for ``max_length``."""
-        return self.max_length
-
-    @property
-    def save_directory(self) -> str:
-        """EasyDeL's name for ``output_dir``."""
-        return self.output_dir
+    def __getattr__(self, name: str) -> Any:
+        """Another tool's name reads our field back (``args.save_directory``) where its table says so."""
+        table = merged_table()
+        if name in table.read_back:
+            return getattr(self, table.renamed[name])
+        return super().__getattr__(name)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "training") -> TrainingArguments:

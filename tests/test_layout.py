@@ -31,7 +31,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (1, ("scaletrain.parallel",)),
     (0, ("scaletrain.errors", "scaletrain.logs", "scaletrain._lazy", "scaletrain.compile_cache",
          "scaletrain.host_memory", "scaletrain.key_paths", "scaletrain.folders", "scaletrain.remote_storage",
-         "scaletrain.argument_names", "scaletrain.compat.easydel.argument_names", "scaletrain")),
+         "scaletrain.argument_names", "scaletrain")),
 ]
 
 
