@@ -80,7 +80,7 @@ class GRPOOptions(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _easydel_names(cls, data: Any) -> Any:
+    def _other_names(cls, data: Any) -> Any:
         """EasyDeL's ``num_return_sequences`` is ``num_generations``."""
         if isinstance(data, dict) and "num_return_sequences" in data:
             data = dict(data)

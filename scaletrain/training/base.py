@@ -218,11 +218,11 @@ class BaseTrainer(BaseTrainerProtocol):
             self.request_stop(str(error))
 
     def on_step_start(self, state: TrainState, step: int) -> TrainState:
-        """EasyDeL's hook: override to change the state before step ``step`` runs."""
+        """The seeds' trainer hook (core contract): override to change the state before step ``step`` runs."""
         return state
 
     def on_step_end(self, state: TrainState, metrics: dict[str, Any], step: int) -> tuple[TrainState, dict]:
-        """EasyDeL's hook: override to change the state or metrics after step ``step``."""
+        """The seeds' trainer hook (core contract): override to change the state or metrics after step ``step``."""
         return state, metrics
 
     # ---- configuration ----------------------------------------------------------------

@@ -22,10 +22,10 @@ from scaletrain.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from scaletrain.recipe import Recipe
 
-#: EasyDeL's ``jax_distributed_config`` keys that mean what the ``launch`` section's keys mean
-EASYDEL_KEYS = {"coordinator_address": "coordinator_address", "num_processes": "num_processes",
-                "process_id": "process_id", "initialization_timeout": "initialization_timeout",
-                "heartbeat_timeout_seconds": "heartbeat_timeout", "heartbeat_timeout": "heartbeat_timeout"}
+#: ``training.jax_distributed_config``'s keys that mean what the ``launch`` section's keys mean
+DISTRIBUTED_CONFIG_KEYS = {"coordinator_address": "coordinator_address", "num_processes": "num_processes",
+                           "process_id": "process_id", "initialization_timeout": "initialization_timeout",
+                           "heartbeat_timeout_seconds": "heartbeat_timeout", "heartbeat_timeout": "heartbeat_timeout"}
 ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
        "process_id": "JAX_PROCESS_ID"}
 #: environment variables of a scheduler that starts several processes (Slurm, Open MPI)
@@ -68,14 +68,15 @@ class JaxJob:
                 f"{self.coordinator_address} ({self.source})")
 
 
-def easydel_config(recipe: Recipe) -> dict[str, Any]:
+def distributed_config(recipe: Recipe) -> dict[str, Any]:
     """``training.jax_distributed_config`` in the launch section's names; an unknown key is a ConfigError."""
     given = recipe.training.jax_distributed_config or {}
-    unknown = sorted(set(given) - set(EASYDEL_KEYS) - {"local_device_ids"})
+    unknown = sorted(set(given) - set(DISTRIBUTED_CONFIG_KEYS) - {"local_device_ids"})
     if unknown:
         raise ConfigError(f"training.jax_distributed_config: unknown key(s) {unknown}; known: "
-                          f"{sorted(EASYDEL_KEYS)} (the same as the recipe's launch section)")
-    return {EASYDEL_KEYS[k]: v for k, v in given.items() if k in EASYDEL_KEYS and v is not None}
+                          f"{sorted(DISTRIBUTED_CONFIG_KEYS)} (the same as the recipe's launch section)")
+    return {DISTRIBUTED_CONFIG_KEYS[k]: v for k, v in given.items()
+            if k in DISTRIBUTED_CONFIG_KEYS and v is not None}
 
 
 def _explicit(recipe: Recipe) -> dict[str, tuple[Any, str]]:
@@ -84,7 +85,7 @@ def _explicit(recipe: Recipe) -> dict[str, tuple[Any, str]]:
     found: dict[str, tuple[Any, str]] = {}
     sources = [
         ({k: getattr(launch, k) for k in ENV}, "launch section"),
-        (easydel_config(recipe), "training.jax_distributed_config"),
+        (distributed_config(recipe), "training.jax_distributed_config"),
         ({k: os.environ.get(v) for k, v in ENV.items()}, "environment"),
     ]
     for values, where in sources:
@@ -149,10 +150,10 @@ def resolve_job(recipe: Recipe) -> JaxJob:
     if not 0 <= pid < count:
         raise ConfigError(f"launch.process_id={pid} ({where}) is out of range for num_processes={count}: "
                           f"ids run from 0 to {count - 1}, one per process, process 0 on the coordinator's host")
-    launch, easydel = recipe.launch, easydel_config(recipe)
+    launch, given = recipe.launch, distributed_config(recipe)
 
-    def timeout(key: str) -> int:  # the launch section's when set there, else EasyDeL's, else the default
-        return int(easydel[key] if key in easydel and key not in launch.model_fields_set else getattr(launch, key))
+    def timeout(key: str) -> int:  # the launch section's when set there, else jax_distributed_config's, else default
+        return int(given[key] if key in given and key not in launch.model_fields_set else getattr(launch, key))
 
     init_timeout, beat = timeout("initialization_timeout"), timeout("heartbeat_timeout")
     return JaxJob(address, count, pid, init_timeout, beat, where, launch.coordinator_bind_address or "")

@@ -103,13 +103,13 @@ class PlacementConfig(ConfigModel):
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod
     def _remat_name(cls, value: Any) -> str:
-        # EasyDeL's names (EasyDeLGradientCheckPointers) are stored as the policy they run here
+        # any accepted name (or str enum member) is stored as the policy it runs here (models/options.py)
         return remat_policy(value)
 
     @field_validator("attn_mechanism", mode="before")
     @classmethod
     def _attention_name(cls, value: Any) -> str:
-        # EasyDeL's names (AttentionMechanisms) are stored as the kernel choice they run here
+        # any accepted name (or str enum member) is stored as the kernel choice it runs here
         return attention_implementation(value)
 
     @field_validator("attn_dtype", "attn_softmax_dtype", mode="before")

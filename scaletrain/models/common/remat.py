@@ -1,7 +1,7 @@
 """Remat (gradient checkpointing) policies: what a decoder layer keeps from its forward for the backward.
 
 Every layer runs under ``nnx.remat`` with the policy ``config.gradient_checkpointing``
-names (:data:`scaletrain.models.options.REMAT` maps EasyDeL's names onto these).
+names (:data:`scaletrain.models.options.REMAT` maps other tools' names onto these).
 The policies save by name where a custom VJP hides an op from JAX's own rules:
 :func:`scaletrain.models.kernels.cpu_dots.matmul` names its outputs, and the Pallas flash
 kernel names its output and row log-sum-exp (:data:`~scaletrain.models.kernels.flash_attention.ATTENTION_OUTPUT`,
