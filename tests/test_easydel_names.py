@@ -165,3 +165,21 @@ def test_frozen_parameters_are_not_updated_and_left_out_of_clipping():
     expected = optax.apply_updates(params, tx.update(zero_others, tx.init(params), params)[0])
     np.testing.assert_allclose(frozen["lm_head"]["kernel"], expected["lm_head"]["kernel"], rtol=1e-6)  # float32 rounding
     assert not np.allclose(frozen["lm_head"]["kernel"], 1.0)
+
+
+def test_task_type_members_and_plain_task_strings_name_the_same_registry_entry():
+    """The core registry keys tasks by plain strings; EasyDeL's TaskType (compat) is accepted wherever one is."""
+    import scaletrain
+    from scaletrain.compat.easydel import enums
+    from scaletrain.models.llama import LlamaModel
+    from scaletrain.models.registry import get_modules_by_type, model_class_identity
+
+    assert (scaletrain.TaskType, scaletrain.AttentionMechanisms, scaletrain.EasyDeLGradientCheckPointers) == (
+        enums.TaskType, enums.AttentionMechanisms, enums.EasyDeLGradientCheckPointers)
+    for member in enums.TaskType:
+        assert member == member.value  # a str enum: its value is the core's task string
+    assert get_modules_by_type("llama", enums.TaskType.BASE_MODULE) == get_modules_by_type("llama", "base-module")
+    identity = model_class_identity(LlamaModel)
+    assert identity == ("llama", "base-module") and type(identity[1]) is str
+    with pytest.raises(ConfigError, match=r"unknown task_type 'bogus'; known: \['causal-language-model'"):
+        get_modules_by_type("llama", "bogus")
