@@ -8,13 +8,19 @@ makes them advantages. The figures TRL logs beside them (``reward``, ``reward_st
 
 A reward function's ``None`` is NaN here and is left out of every mean and deviation (TRL's nan-aware
 sums); a completion that no function scored gets advantage 0.
+
+These host-side figures run the estimators' JAX functions on the host's CPU device
+(:func:`on_host`): on a GPU the default device would take each of their dozen small eager ops as a
+kernel launch and a transfer (measured on an H200: 12 ms of a 90 ms GRPO step).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,6 +37,13 @@ class Advantages:
     metrics: dict[str, float]
 
 
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Eager JAX math in the block runs on this host's CPU device, whatever the default backend is."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        yield
+
+
 def weighted_rewards(rewards_per_func: np.ndarray, weights: Sequence[float]) -> np.ndarray:
     """``sum_f w_f r_f`` per completion ignoring NaN, NaN where every function returned None."""
     r = np.asarray(rewards_per_func, np.float32)
@@ -43,6 +56,12 @@ def reward_figures(rewards_per_func: np.ndarray, rewards: np.ndarray, shaped: np
                    spread: str, names: Sequence[str] | None = None) -> dict[str, float]:
     """TRL's reward figures: per function, of the weighted ``rewards``, and the share of completions whose
     ``spread`` deviation (:data:`REWARD_SCALES`) of the ``shaped`` rewards the estimator read is 0."""
+    with on_host():
+        return _reward_figures(rewards_per_func, rewards, shaped, num_generations, spread, names)
+
+
+def _reward_figures(rewards_per_func: np.ndarray, rewards: np.ndarray, shaped: np.ndarray, num_generations: int,
+                    spread: str, names: Sequence[str] | None) -> dict[str, float]:
     r = np.asarray(rewards_per_func, np.float32)
     names = list(names) if names is not None else [f"reward_{i}" for i in range(r.shape[1])]
     metrics: dict[str, float] = {}
@@ -68,8 +87,10 @@ def advantages_of(rewards_per_func: np.ndarray, weights: Sequence[float], num_ge
     if n % g:
         raise ValueError(f"{n} completions do not make whole groups of num_generations={g}")
     rewards = weighted_rewards(r, weights)
-    shaped = spec.shaped(jnp.asarray(rewards), None if kl_rows is None else jnp.asarray(kl_rows))
-    adv = np.asarray(spec(jnp.asarray(rewards), g, None if kl_rows is None else jnp.asarray(kl_rows)), np.float32)
+    with on_host():
+        kl = None if kl_rows is None else jnp.asarray(kl_rows)
+        shaped = spec.shaped(jnp.asarray(rewards), kl)
+        adv = np.asarray(spec(jnp.asarray(rewards), g, kl), np.float32)
     return Advantages(adv, rewards, reward_figures(r, rewards, np.asarray(shaped), g, spec.spread, names))
 
 

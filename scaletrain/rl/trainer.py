@@ -42,7 +42,7 @@ from scaletrain.rl.config import GRPOConfig, RLConfig
 from scaletrain.rl.batch import kept_prompt_columns
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
-from scaletrain.rl.advantages import reward_figures, weighted_rewards
+from scaletrain.rl.advantages import on_host, reward_figures, weighted_rewards
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout
@@ -332,8 +332,9 @@ class GRPOTrainer(Trainer):
         # the objective's estimator (less RLOO's KL, kl_rows); the figures TRL logs beside them are read here
         rewards, spec = weighted_rewards(scored.per_func, self.reward_weights), self.objective.advantages
         kl_rows = layout.gather(held["kl_rows"], rows="held") if "kl_rows" in held else None
-        figures = reward_figures(scored.per_func, rewards, np.asarray(spec.shaped(rewards, kl_rows)), g, spec.spread,
-                                 names)
+        with on_host():  # host floats: no kernel launches on an accelerator
+            shaped = np.asarray(spec.shaped(rewards, kl_rows))
+        figures = reward_figures(scored.per_func, rewards, shaped, g, spec.spread, names)
         batch = {**batch, **self._place({REWARDS: rewards})}
         t3 = time.perf_counter()
         lengths = scored.lengths
