@@ -26,6 +26,7 @@ import yaml
 from grpo_testing import tiny_grpo_recipe
 from preference_testing import word_tokenizer
 from test_jax_launch_runs import LIMIT_S, ROOT, _env, _kill_leftovers
+from xla_testing import child_xla_flags
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog"]
@@ -71,7 +72,7 @@ def _run(work, name: str, *command: str, devices: int = 1, fail_in: str = "", ha
     out, calls = work / name, work / f"{name}-calls"
     calls.mkdir(exist_ok=True)
     env = _env(PYTHONPATH=os.pathsep.join([ROOT, str(work)]), GRPO_CALLS=str(calls), GRPO_FAIL=fail_in,
-               GRPO_HANG=hang_in, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               GRPO_HANG=hang_in, XLA_FLAGS=child_xla_flags(devices))
     child = subprocess.Popen([sys.executable, "-m", "scaletrain", *command, str(work / "grpo.yaml"),
                               f"training.output_dir={out}", *overrides],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -29,6 +29,7 @@ from preference_testing import one_device_mesh, word_tokenizer
 from scaletrain.errors import DataError
 from scaletrain.rl.rewards import load_rewards, score
 from scaletrain.user_calls import DeadlineExceeded, StopRequested, abandoned, call_with_deadline
+from xla_testing import child_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog",
@@ -197,7 +198,8 @@ def work(tmp_path_factory):
 def _start(work, name: str, *overrides: str, **env: str) -> subprocess.Popen:
     """``python -m scaletrain train recipes/grpo.yaml`` into ``work/name``, from ``work/elsewhere``; PYTHONPATH
     holds the repository only (not the recipe's folder)."""
-    environ = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **env}
+    # the cheap compile setting: the runs compared here are all such children (tests/xla_testing.py)
+    environ = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1), **env}
     return subprocess.Popen([sys.executable, "-m", "scaletrain", "train", str(work / "recipes" / "grpo.yaml"),
                              f"training.output_dir={work / name}", *overrides],
                             cwd=work / "elsewhere", env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -21,12 +21,14 @@ import pytest
 
 from preference_testing import word_tokenizer
 from test_disk_full import _fill, small_disk  # noqa: F401 (a fixture: a real small tmpfs)
+from xla_testing import child_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "grpo_logs_worker.py")
 PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog",
            "is the cat a dog", "say goodbye"]
-ENV = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+# one device, the cheap compile setting: every run compared here is such a child (tests/xla_testing.py)
+ENV = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1)}
 
 # writes `record` through WRITER to PATH under a file-size limit that leaves ROOM bytes; prints what it raised
 REFUSED_APPEND = """
