@@ -106,3 +106,33 @@ def test_unknown_layer_types_entry_is_one_line_naming_the_file_and_key(hybrid, t
         AutoModelForCausalLM.from_pretrained(str(folder))
     message = str(refused.value)
     assert str(folder / "config.json") in message and "layer_types[1] 'mamba'" in message and "\n" not in message
+
+
+def test_one_grpo_step_on_a_tiny_hybrid_samples_with_the_per_kind_cache_and_updates(tmp_path) -> None:
+    """GRPOTrainer on a 4-layer Qwen3.5 hybrid: its rollout decodes through the per-layer-kind cache (KV for the
+    full layer, recurrent + convolution state for the linear ones) and the sampler's log-probs are the trainer's
+    forward's (float32, one device: up to summation order, 1e-5 as for Llama in test_grpo_trainer.py), the loss is
+    finite and a non-zero gradient is applied."""
+    import scaletrain as st
+    from scaletrain.models import Qwen3_5ForCausalLM, Qwen3_5TextConfig, create_sharded_model
+    from scaletrain.rl.trainer import GRPOTrainer
+    from preference_testing import one_device_mesh, word_tokenizer
+
+    tok = word_tokenizer(str(tmp_path / "tok"))
+    config = Qwen3_5TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2,
+                               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                               max_position_embeddings=64, eos_token_id=1, pad_token_id=0)
+    model = create_sharded_model(Qwen3_5ForCausalLM, config, seed=0, mesh=one_device_mesh())[0]
+    args = st.TrainingArguments(output_dir=str(tmp_path / "run"), total_batch_size=8, max_length=32,
+                                learning_rate=3e-2, scheduler="constant", max_training_steps=1, log_steps=1,
+                                save_at_end=False, progress_bar=False, report_to=(), seed=0)
+    trainer = GRPOTrainer(arguments=args, model=model, tokenizer=tok,
+                          options={"num_generations": 4, "max_completion_length": 6},
+                          dataset_train=[{"prompt": p} for p in ("say yes", "the sky colour")],
+                          reward_funcs=[lambda prompts, completions, **_: [float(len(c)) for c in completions]])
+    trainer.train()
+    [record] = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if r.get("split") == "train"]
+    assert np.isfinite(record["loss"]) and record["reward_std"] > 0
+    assert record["rollout/logprob_diff_max"] <= 1e-5
+    assert record["grad_norm"] > 0 and record["learning_rate"] > 0  # an update was applied
