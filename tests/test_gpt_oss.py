@@ -115,6 +115,35 @@ def test_attention_sinks_refuse_the_kernels_without_them_in_one_line(mechanism) 
         model(np.zeros((1, 8), np.int32))
 
 
+def test_sink_router_and_expert_gradients_equal_transformers(tmp_path) -> None:
+    """The backward through the sinks' softmax term, the router's top-k softmax and the clamped, biased experts
+    (both clamps bending: ``swiglu_limit`` 0.5) is torch autograd's on transformers' model: float32 gradients
+    within 1e-4 of each tensor's largest."""
+    ref = hf_model("gpt_oss", seed=5, **{**TINY_MXFP4, "swiglu_limit": 0.5})
+    model = AutoModelForCausalLM.from_pretrained(save_hf(ref, str(tmp_path / "hf")))
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 128, (2, 20)).astype(np.int32)
+    weights = rng.randn(2, 20, 128).astype(np.float32)
+    (ref(torch.tensor(ids)).logits * torch.tensor(weights)).sum().backward()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    grads = jax.grad(lambda p: (nnx.merge(graphdef, p, rest)(ids) * weights).sum())(params)
+    ours = nnx.to_pure_dict(grads)["model"]["layers"]
+    for layer in range(2):
+        theirs = ref.model.layers[layer]
+        pairs = {
+            "sinks": (ours[layer]["self_attn"]["sinks"], theirs.self_attn.sinks.grad),
+            "router": (ours[layer]["mlp"]["router"]["kernel"], theirs.mlp.router.weight.grad.T),
+            "router bias": (ours[layer]["mlp"]["router"]["bias"], theirs.mlp.router.bias.grad),
+            **{name: (ours[layer]["mlp"]["experts"][name], getattr(theirs.mlp.experts, name).grad)
+               for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")},
+        }
+        for name, (got, want) in pairs.items():
+            want = want.numpy()
+            diff = float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+            print(f"layer {layer} {name}: gradient max rel diff {diff:.1e}")
+            assert diff < 1e-4, (layer, name, diff)
+
+
 def _write_config(folder, **config) -> str:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
