@@ -30,8 +30,33 @@ from scaletrain.objectives.loss_aggregations import aggregation_names, get_aggre
 
 Array = jax.Array
 
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def _token_log_weight(log_ratio: Array, mask: Array) -> Array:
+    """One weight per token: its own log-ratio."""
+    return log_ratio
+
+
+def _sequence_log_weight(log_ratio: Array, mask: Array) -> Array:
+    """One weight per completion (GSPO): the masked mean of its log-ratios, [N, 1]."""
+    return (jnp.sum(log_ratio * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0))[:, None]
+
+
+#: TRL's ``importance_sampling_level`` names -> the log-weight of each token (or completion)
+IMPORTANCE_SAMPLING_LEVELS = {"token": _token_log_weight, "sequence": _sequence_log_weight}
+
+
+@dataclasses.dataclass(frozen=True)
+class ISMode:
+    """A ``vllm_importance_sampling_mode``: one ratio per completion (``sequence_*``) or per token, and whether a
+    ratio outside the range is dropped (``*_mask``: set to 0) or clamped into it (``*_truncate``)."""
+
+    per_sequence: bool
+    drops: bool
+
+
+IS_MODES = {"token_truncate": ISMode(False, False), "token_mask": ISMode(False, True),
+            "sequence_truncate": ISMode(True, False), "sequence_mask": ISMode(True, True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +105,7 @@ def per_token_terms(cfg: GRPOLossConfig, logps: Array, old: Array, advantages: A
     """The per-token loss of completions [N, C] (see the module docstring); ``advantages`` [N]."""
     adv = advantages[:, None]
     log_ratio = logps - old
-    if cfg.importance_sampling_level == "token":
-        log_w = log_ratio
-    else:
-        log_w = (jnp.sum(log_ratio * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0))[:, None]
-    coef = jnp.exp(log_w)
+    coef = jnp.exp(IMPORTANCE_SAMPLING_LEVELS[cfg.importance_sampling_level](log_ratio, mask))
     kl = None
     if cfg.beta != 0.0:
         diff = ref - logps
@@ -124,11 +145,12 @@ def importance_sampling_ratio(trainer_logps: Array, sampler_logps: Array, mask: 
     outside that range to 0 (the row or token then teaches nothing)."""
     if mode not in IS_MODES:
         raise ValueError(f"vllm_importance_sampling_mode={mode!r} is not one of {list(IS_MODES)}")
+    how = IS_MODES[mode]
     diff = jnp.nan_to_num((trainer_logps - sampler_logps) * mask, nan=0.0)
-    if mode.startswith("sequence"):
+    if how.per_sequence:
         diff = jnp.sum(diff, axis=-1, keepdims=True)
     ratio = jnp.exp(diff)
-    if mode.endswith("truncate"):
+    if not how.drops:
         return jnp.clip(ratio, clip_min, clip_max)
     lo = -jnp.inf if clip_min is None else clip_min
     hi = jnp.inf if clip_max is None else clip_max

@@ -138,7 +138,7 @@ class GRPOOptions(BaseModel):
     @field_validator("importance_sampling_level")
     @classmethod
     def _level(cls, value: str) -> str:
-        return _one_of(value, IMPORTANCE_SAMPLING_LEVELS)
+        return _one_of(value, tuple(IMPORTANCE_SAMPLING_LEVELS))
 
     @field_validator("scale_rewards", mode="before")
     @classmethod
@@ -151,7 +151,7 @@ class GRPOOptions(BaseModel):
     @field_validator("vllm_importance_sampling_mode")
     @classmethod
     def _mode(cls, value: str) -> str:
-        return _one_of(value, IS_MODES)
+        return _one_of(value, tuple(IS_MODES))
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOOptions":
