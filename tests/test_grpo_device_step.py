@@ -142,3 +142,47 @@ def test_the_trainer_samples_through_the_rollout_engine_it_is_given(trained):
     _, _, calls, _, _, _ = trained
     # prompts per step (32 completions in groups of 4), the group size and the step: fresh rollouts only
     assert calls == [(8, 4, 1), (8, 4, 3)]
+
+
+def test_the_score_program_sums_rloos_kl_rows_over_the_tokens_the_loss_counts():
+    """RLOO's ``beta`` takes each completion's ``sum_t (policy_t - reference_t)`` off its reward, over the tokens the
+    loss counts (a truncated completion's none, with ``mask_truncated_completions``), as TRL's ``RLOOTrainer``: the
+    score program's ``kl_rows`` equal that sum of the trainer's forward of the policy and of a second random model
+    as the reference, and the host reads the same array the update does. Tolerance: the same float32 forwards,
+    compiled into one program or two (1e-5 absolute on sums of 5 log-ratios of order 1)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import SingleDeviceSharding
+
+    from preference_testing import tiny_llama
+    from scaletrain.generation import rollout_rows
+    from scaletrain.objectives.token_logps import completion_token_stats
+    from scaletrain.rl.step_programs import KL_ROWS, ScoreSpec, make_score_program
+    from scaletrain.training.state import FrozenModel
+
+    policy, reference = tiny_llama(0, layers=1), tiny_llama(1, layers=1)
+    graphdef, params = nnx.split(policy)
+    ref_graphdef, ref_params = nnx.split(reference)
+    rng = np.random.default_rng(0)
+    n, p, c = 4, 8, 5
+    prompt_mask = (np.arange(p)[None, :] >= np.array([[3], [0], [5], [2]])).astype(np.int32)
+    completion_mask = (np.arange(c)[None, :] < np.array([[5], [2], [4], [1]])).astype(np.int32)
+    rollout = {"prompt_ids": rng.integers(2, 128, (n, p)).astype(np.int32) * prompt_mask, "prompt_mask": prompt_mask,
+               "completion_ids": rng.integers(2, 128, (n, c)).astype(np.int32) * completion_mask,
+               "completion_mask": completion_mask, "log_probs": np.zeros((n, c), np.float32),
+               "lengths": completion_mask.sum(axis=1).astype(np.int32), "truncated": np.array([True, False, False, False])}
+    one = SingleDeviceSharding(jax.devices()[0])
+    spec = ScoreSpec(temperature=1.0, check_in_update=False, num_iterations=1, beta=0.05,
+                     mask_truncated_completions=True, kl_rows=True)
+    score = make_score_program(graphdef, spec, lambda rank: one, one)
+    batch, _, for_host = score(params, None, FrozenModel(ref_params, ref_graphdef),
+                               {k: jnp.asarray(v) for k, v in rollout.items()}, drop=0)
+    rows = rollout_rows(*(jnp.asarray(rollout[k]) for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                            "completion_mask")))
+    logps = [np.asarray(completion_token_stats(m, *rows, c, 1.0)[0]) for m in (policy, reference)]
+    counted = completion_mask * ~rollout["truncated"][:, None]
+    expected = np.sum((logps[0] - logps[1]) * counted, axis=1)
+    np.testing.assert_allclose(np.asarray(batch[KL_ROWS]), expected, atol=1e-5, rtol=0)
+    assert np.asarray(batch[KL_ROWS])[0] == 0.0 and np.abs(expected[1:]).min() > 1e-3  # truncated: no token counts
+    np.testing.assert_array_equal(np.asarray(for_host[KL_ROWS]), np.asarray(batch[KL_ROWS]))
