@@ -1,5 +1,5 @@
-"""A rollout's rows on several processes: which rows this process holds, scores and places; gathering the few
-per-row values every process needs.
+"""A rollout's rows on several processes: which rows this process holds and scores; gathering the few per-row
+values every process needs.
 
 Why: with ``jax.distributed`` every process runs the same rollout program over the global mesh, and each
 holds only the rows its devices hold. Reading the whole rollout on every host would gather every token;
@@ -13,8 +13,6 @@ raw bytes: float64 and NaN arrive bit for bit. One process: no collective, every
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -81,17 +79,6 @@ class RowLayout:
         for p, rows_p in enumerate(sets):
             out[rows_p] = every[p, :len(rows_p)]
         return out.view(values.dtype).reshape(self.n, *values.shape[1:])
-
-    def place(self, values: np.ndarray, sharding_of: Callable[[int], NamedSharding]) -> jax.Array:
-        """The global array of this process's ``held`` rows ``values`` under ``sharding_of(ndim)`` (rows as this
-        layout's sharding lays them out, every other dimension whole)."""
-        values = np.asarray(values)
-        where = {int(r): i for i, r in enumerate(self.held)}
-
-        def rows(index: tuple[slice, ...]) -> np.ndarray:
-            return values[[where[r] for r in _row_span(index, self.n)]]
-
-        return jax.make_array_from_callback((self.n, *values.shape[1:]), sharding_of(values.ndim), rows)
 
 
 def process_codes(code: int) -> list[int]:

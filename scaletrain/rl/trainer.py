@@ -208,8 +208,11 @@ class GRPOTrainer(Trainer):
         ``sharded_training_step_function`` the update that forms the advantages, jitted per batch layout with the
         base trainer's per-key in-shardings (``LayoutJit``); and the rollout engine."""
         args, o = self.arguments, self.options
-        self.batch_sharding = batch_sharding(args, self._mesh)  # checks the batch against the mesh
-        self._batch_axes = self.batch_sharding.spec[0] if len(self.batch_sharding.spec) else None
+        checked = batch_sharding(args, self._mesh)  # checks the batch against the mesh
+        self._batch_axes = checked.spec[0] if len(checked.spec) else None
+        # rows over the batch axes, every other dimension whole, cut to each key's rank as the base trainer's
+        # (rank_sharding): a rollout's widths need not divide the sequence axis, so it is not split over it
+        self.batch_sharding = NamedSharding(self._mesh, PartitionSpec(self._batch_axes))
         state_sh = state_shardings(self._model_state)
         replicated = NamedSharding(self._mesh, PartitionSpec())
         update = functools.partial(train_step, tx=self._optimizer, objective=self.objective,
