@@ -114,7 +114,7 @@ class Attention(nnx.Module):
                                             sinks=self._sink_logits())
         else:
             out = checkpoint_name(self._attend(q, k, v, inputs.mask), ATTENTION_OUTPUT)
-        out = out.reshape(b, t, self.num_heads * self.head_dim)
+        out = out.reshape(b, t, -1)  # values may be narrower than keys (multi-head latent attention)
         if gate is not None:  # gated attention (Qwen3.5, Qwen3-Next): an output gate per head dimension
             out = (out * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(out.dtype)
         return self.o_proj(out), cache

@@ -342,7 +342,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | CausalWind
                     block_mask(i * size, (i + 1) * size, (i + 1) * size)) for i in range(blocks)],
             axis=3,
         )
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, d)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, nq, v.shape[-1])  # values may be narrower (MLA)
 
 
 def use_fused_attention(mechanism: str, dtype: Any, head_dim: int, sharding_problem: str | None = None) -> bool:
