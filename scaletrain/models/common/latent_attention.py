@@ -1,0 +1,124 @@
+"""Multi-head latent attention (MLA): DeepSeek-V2/V3's attention, Kimi K2's.
+
+What it is: the keys and values of every head are expanded from one compressed latent per
+token (``kv_a_proj_with_mqa`` -> RMSNorm -> ``kv_b_proj``), the queries optionally from a
+low-rank one too (``q_lora_rank``: ``q_a_proj`` -> RMSNorm -> ``q_b_proj``; else ``q_proj``).
+Position enters through a separate part of each head: ``qk_rope_head_dim`` dims of the
+query per head and one rotated key part shared by all heads (the "decoupled" RoPE), after
+``qk_nope_head_dim`` dims without position. Values are ``v_head_dim`` wide, so the heads'
+query/key and value widths differ. The softmax scale is ``(nope + rope) ** -0.5``, times
+YaRN's ``mscale ** 2`` when the config's RoPE is YaRN with ``mscale_all_dim`` (DeepSeek-V3's
+published config). ``rope_interleave`` (DeepSeek's checkpoints) rotates interleaved pairs
+``(x0, x1), (x2, x3) ...``: computed here as the half-split rotation of the de-interleaved
+dims, which is what transformers does too (the dot products are the same either way).
+
+The layer is :class:`~scaletrain.models.common.layers.Attention` with its own projections:
+the cache update, the decode path and the training kernels' choice are that class's. The
+decode cache holds the expanded per-head keys and values (``[B, S, heads, nope + rope]`` and
+``[B, S, heads, v_head_dim]``), not the compressed latent (see docs/hf.md for what that costs).
+Heads are split over ``tp`` like every attention's; the latent projections are replicated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scaletrain.errors import ConfigError
+from scaletrain.models.common.dense import Dense, RMSNorm
+from scaletrain.models.common.layers import Attention
+from scaletrain.models.kernels.attention import PackedSegments, apply_rope, causal_blocks, dot_product_attention
+from scaletrain.parallel.partition import active_axis_size
+
+Array = jax.Array
+#: the latent norms' epsilon: transformers builds them with its RMSNorm default, not ``rms_norm_eps``
+LATENT_NORM_EPS = 1e-6
+
+
+def yarn_mscale(scale: float, mscale: float) -> float:
+    """DeepSeek's YaRN attention multiplier ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def softmax_scale(config: Any) -> float:
+    """``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``yarn_mscale(factor, mscale_all_dim) ** 2``
+    when the RoPE scaling is not the default one and sets ``mscale_all_dim``."""
+    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", "default") != "default" and scaling.get("mscale_all_dim"):
+        m = yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"]))
+        scale = scale * m * m
+    return scale
+
+
+def deinterleave(x: Array) -> Array:
+    """``(x0, x1, x2, x3, ...)`` -> ``(x0, x2, ..., x1, x3, ...)``: interleaved RoPE pairs as half-split."""
+    return jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention with transformers' DeepSeek-V3 parameter names (module docstring)."""
+
+    def __init__(self, config: Any, dtype: Any, param_dtype: Any, precision: Any, rngs: nnx.Rngs):
+        h, n = config.hidden_size, config.num_attention_heads
+        self.nope, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        qk = self.nope + self.rope_dim
+        bias = config.attention_bias
+        kw = dict(config=config, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+        rank = config.q_lora_rank
+        self.q_proj = Dense(h, n * qk, ("embed", "heads"), use_bias=False, **kw) if rank is None else None
+        self.q_a_proj = Dense(h, rank, ("embed", None), use_bias=bias, **kw) if rank else None
+        self.q_a_layernorm = RMSNorm(rank, LATENT_NORM_EPS, dtype, param_dtype) if rank else None
+        self.q_b_proj = Dense(rank, n * qk, (None, "heads"), use_bias=False, **kw) if rank else None
+        self.kv_a_proj_with_mqa = Dense(h, config.kv_lora_rank + self.rope_dim, ("embed", None), use_bias=bias, **kw)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, LATENT_NORM_EPS, dtype, param_dtype)
+        self.kv_b_proj = Dense(config.kv_lora_rank, n * (self.nope + self.v_dim), (None, "heads"), use_bias=False,
+                               **kw)
+        self.o_proj = Dense(n * self.v_dim, h, ("heads", "embed"), use_bias=bias, **kw)
+        self.q_norm = self.k_norm = None
+        self.scale: float | None = softmax_scale(config)
+        self.interleave = bool(config.rope_interleave)
+        # every head has its own keys and values once expanded: the cache and the kernels see plain MHA
+        self.num_heads = self.num_kv_heads = n
+        self.head_dim = qk
+        self.dtype = dtype
+        self.precision = precision
+
+    def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        return apply_rope(deinterleave(x) if self.interleave else x, rope)
+
+    def _qkv(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+        """Queries and keys [B, T, heads, nope + rope] (position in their last ``rope`` dims), values
+        [B, T, heads, v_head_dim]."""
+        b, t, _ = x.shape
+        n = self.num_heads
+        q_flat = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q_flat.reshape(b, t, n, self.nope + self.rope_dim)
+        latent, k_rot = jnp.split(self.kv_a_proj_with_mqa(x), [self.kv_a_layernorm.weight.shape[0]], axis=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).reshape(b, t, n, self.nope + self.v_dim)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
+        k_rot = jnp.broadcast_to(self._rotate(k_rot[:, :, None, :], rope), (b, t, n, self.rope_dim))
+        q = jnp.concatenate([q[..., :self.nope], self._rotate(q[..., self.nope:], rope)], axis=-1)
+        return q, jnp.concatenate([k_nope, k_rot.astype(k_nope.dtype)], axis=-1), v
+
+    def _attend(self, q: Array, k: Array, v: Array, mask: Any) -> Array:
+        """The einsum path (float32 softmax, causal blocks): cuDNN's fused kernel and the flash kernel take
+        values as wide as the keys only."""
+        if isinstance(mask, PackedSegments):
+            raise ConfigError("model.attn_mechanism: 'pallas' does not run multi-head latent attention (values "
+                              "narrower than keys); use 'auto'")
+        t = q.shape[1]
+        blocks = 1 if active_axis_size(self.sequence_axis) > 1 else causal_blocks(t, t)
+        return dot_product_attention(q, k, v, mask, self.softmax_dtype, self.precision, blocks=blocks,
+                                     scale=self.scale)
+
+    @staticmethod
+    def cache_shapes(config: Any, batch: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The decode cache's key and value shapes for one layer."""
+        n = config.num_attention_heads
+        return ((batch, length, n, config.qk_nope_head_dim + config.qk_rope_head_dim),
+                (batch, length, n, config.v_head_dim))
