@@ -33,8 +33,10 @@ from hf_testing import hf_model, save_hf
 #: every linear layer but the head, norms trained too, rsLoRA scaling: what PEFT must reproduce
 LORA_ALL_LINEAR = dict(target_modules="all-linear", rank=4, alpha=8, rslora=True, train_norms=True)
 #: the attention projections only: transformers' experts are fused 3-d tensors and its router no
-#: nn.Linear, so PEFT's "all-linear" does not name the layers ours does in an MoE block
-LORA_ATTENTION = dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], rank=4, alpha=8, rslora=True)
+#: nn.Linear, so PEFT's "all-linear" does not name the layers ours does in an MoE block; multi-head latent
+#: attention's projections (DeepSeek-V3) are named too
+LORA_ATTENTION = dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj",
+                                      "kv_a_proj_with_mqa", "kv_b_proj"], rank=4, alpha=8, rslora=True)
 
 
 @dataclasses.dataclass(frozen=True)
