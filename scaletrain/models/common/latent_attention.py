@@ -8,7 +8,8 @@ query per head and one rotated key part shared by all heads (the "decoupled" RoP
 ``qk_nope_head_dim`` dims without position. Values are ``v_head_dim`` wide, so the heads'
 query/key and value widths differ. The softmax scale is ``(nope + rope) ** -0.5``, times
 YaRN's ``mscale ** 2`` when the config's RoPE is YaRN with ``mscale_all_dim`` (DeepSeek-V3's
-published config). ``rope_interleave`` (DeepSeek's checkpoints) rotates interleaved pairs
+published config); YaRN's attention factor (``mscale / mscale_all_dim``) scales the rotated parts.
+``rope_interleave`` (DeepSeek's checkpoints) rotates interleaved pairs
 ``(x0, x1), (x2, x3) ...``: computed here as the half-split rotation of the de-interleaved
 dims, which is what transformers does too (the dot products are the same either way).
 
@@ -31,7 +32,13 @@ from flax import nnx
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.dense import Dense, RMSNorm
 from scaletrain.models.common.layers import Attention
-from scaletrain.models.kernels.attention import PackedSegments, apply_rope, causal_blocks, dot_product_attention
+from scaletrain.models.kernels.attention import (
+    PackedSegments,
+    apply_rope,
+    causal_blocks,
+    dot_product_attention,
+    rope_attention_factor,
+)
 from scaletrain.parallel.partition import active_axis_size
 
 Array = jax.Array
@@ -80,8 +87,11 @@ class LatentAttention(Attention):
                                **kw)
         self.o_proj = Dense(n * self.v_dim, h, ("heads", "embed"), use_bias=bias, **kw)
         self.q_norm = self.k_norm = None
+        self.sinks = None  # no attention sinks (GPT-OSS's)
         self.scale: float | None = softmax_scale(config)
         self.interleave = bool(config.rope_interleave)
+        # YaRN's attention factor scales the rotated parts only (transformers scales cos and sin), not the scores
+        self.rope_factor = rope_attention_factor(config)
         # every head has its own keys and values once expanded: the cache and the kernels see plain MHA
         self.num_heads = self.num_kv_heads = n
         self.head_dim = qk
@@ -89,7 +99,8 @@ class LatentAttention(Attention):
         self.precision = precision
 
     def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
-        return apply_rope(deinterleave(x) if self.interleave else x, rope)
+        rotated = apply_rope(deinterleave(x) if self.interleave else x, rope)
+        return rotated if self.rope_factor == 1.0 else rotated * jnp.asarray(self.rope_factor, rotated.dtype)
 
     def _qkv(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
         """Queries and keys [B, T, heads, nope + rope] (position in their last ``rope`` dims), values

@@ -43,7 +43,12 @@ register(DEEPSEEK_V3, DeepseekV3ForCausalLM, conformance=FamilyConformance(
     scan_layers=False,
     variants={"plain-q": {**TINY_ROUTED, **TINY_MLA, "q_lora_rank": None, "rope_interleave": False,
                           "attention_bias": True, "tie_word_embeddings": True, "norm_topk_prob": False,
-                          "n_shared_experts": 2, "first_k_dense_replace": 0}}))
+                          "n_shared_experts": 2, "first_k_dense_replace": 0,
+                          # YaRN as DeepSeek-V3's config has it, with mscale != mscale_all_dim: both factors apply
+                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                              "original_max_position_embeddings": 16, "mscale": 1.0,
+                                              "mscale_all_dim": 0.7}}}))
 
-__all__ = ["DEEPSEEK_V3", "TINY_ROUTED", "DeepseekV3Config", "DeepseekV3ForCausalLM", "RoutedMoeConfig", "RoutedMoeForCausalLM",
+__all__ = ["DEEPSEEK_V3", "TINY_ROUTED", "DeepseekV3Config", "DeepseekV3ForCausalLM", "RoutedMoeConfig",
+           "RoutedMoeForCausalLM",
            "RoutedMoeLayer"]
