@@ -111,3 +111,32 @@ def test_tiny_recipe_trains_loss_falls_and_logs_expert_load(model_type, tmp_path
         counts = [r[f"moe/expert_{e}_tokens"] for e in range(8)]
         # one MoE layer: each real token counts for its top-2 experts
         assert 2 * r["target_tokens"] <= sum(counts) <= 2 * 8 * 64
+
+
+def test_multi_token_prediction_layers_in_a_folder_are_left_out(tmp_path, caplog) -> None:
+    """A released folder carries its multi-token-prediction layer as ``model.layers.<num_hidden_layers>.*``
+    (``num_nextn_predict_layers: 1``): the model loads without it, as transformers does, says so, and gives
+    transformers' logits; a tensor of any other unused layer is still refused."""
+    from safetensors.numpy import load_file, save_file
+
+    from scaletrain.errors import CheckpointError
+    from conformance_testing import token_ids
+    from hf_testing import assert_logits_match, hf_logits, hf_model, our_logits, save_hf
+
+    small = dict(num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+                 topk_group=1, moe_intermediate_size=16, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                 qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4, num_nextn_predict_layers=1)
+    ref = hf_model("deepseek_v3", **small)
+    folder = save_hf(ref, tmp_path / "hf")
+    weights = os.path.join(folder, "model.safetensors")
+    tensors = load_file(weights)
+    tensors["model.layers.2.eh_proj.weight"] = np.zeros((16, 128), np.float32)  # the MTP layer's own projection
+    save_file(tensors, weights, metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert "tensors of layers scaletrain does not compute are left out" in caplog.text
+    ids = token_ids(2, 12)
+    assert_logits_match("deepseek_v3-mtp-left-out", our_logits(model, ids), hf_logits(ref, ids))
+    tensors["model.layers.3.eh_proj.weight"] = tensors.pop("model.layers.2.eh_proj.weight")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="does not use: .*model.layers.3.eh_proj.weight"):
+        AutoModelForCausalLM.from_pretrained(folder)

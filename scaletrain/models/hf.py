@@ -250,6 +250,13 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, 
         t for t in files
         if t not in used and not _IGNORED_TENSORS.match(t) and not (t == "lm_head.weight" and config.tie_word_embeddings)
     )
+    # tensors the family declares unused (DeepSeek-V3's multi-token-prediction layers), left out as transformers does
+    ignored = getattr(config, "ignored_tensor", None)
+    left_out = [t for t in extra if ignored is not None and ignored(t)]
+    if left_out:
+        logger.warning("%s: %d tensors of layers scaletrain does not compute are left out (%s ...)", local_dir,
+                       len(left_out), left_out[0])
+        extra = [t for t in extra if t not in set(left_out)]
     if extra:
         raise CheckpointError(
             f"{local_dir}: the checkpoint has tensors that model_type {config.model_type!r} does not use: {extra[:8]}"

@@ -35,6 +35,9 @@ class RoutedMoeConfig(DecoderConfig):
     routed_scaling_factor: float = 1.0
     router_aux_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
+    # multi-token-prediction layers a checkpoint carries after the decoder's (transformers' num_mtp_layers):
+    # not computed, their tensors left out on load, as transformers leaves them out
+    num_nextn_predict_layers: int = 0
 
     @field_validator("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group",
                      mode="after")
@@ -57,6 +60,11 @@ class RoutedMoeConfig(DecoderConfig):
                               f"first_k_dense_replace={self.first_k_dense_replace}: its dense first layers differ "
                               "from the MoE layers, so the layers do not stack; set scan_layers: false")
         return self
+
+    def ignored_tensor(self, name: str) -> bool:
+        """Whether a checkpoint tensor belongs to a multi-token-prediction layer (``model.layers.<L + i>.*``)."""
+        first = self.num_hidden_layers
+        return any(name.startswith(f"model.layers.{first + i}.") for i in range(self.num_nextn_predict_layers))
 
     # the MoE block reads these names (SharedExpertMoe, BiasRouter)
     @property

@@ -25,6 +25,7 @@ def routed_moe_fields(hf: Any, where: str, *, rope: bool = True) -> dict[str, An
     fields = {**base_fields(hf, where, rope=rope), **{key: getattr(hf, key) for key in MOE_KEYS}}
     fields["n_group"], fields["topk_group"] = fields["n_group"] or 1, fields["topk_group"] or 1
     fields["norm_topk_prob"] = bool(fields["norm_topk_prob"])
+    fields["num_nextn_predict_layers"] = int(getattr(hf, "num_mtp_layers", 0) or 0)
     if problem := routing_problem(fields["n_routed_experts"], fields["num_experts_per_tok"], fields["n_group"],
                                   fields["topk_group"]):
         raise ConfigError(f"{where}: {problem}")
@@ -33,4 +34,6 @@ def routed_moe_fields(hf: Any, where: str, *, rope: bool = True) -> dict[str, An
 
 def routed_moe_kwargs(config: DecoderConfig, *, rope: bool = True) -> dict[str, Any]:
     """The transformers config keywords of :func:`routed_moe_fields`."""
-    return {**base_hf_kwargs(config, rope=rope), "hidden_act": "silu", **{key: getattr(config, key) for key in MOE_KEYS}}
+    # the multi-token-prediction layers are not exported (never loaded): the folder declares none
+    return {**base_hf_kwargs(config, rope=rope), "hidden_act": "silu", "num_mtp_layers": 0,
+            **{key: getattr(config, key) for key in MOE_KEYS}}
