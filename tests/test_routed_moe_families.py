@@ -85,10 +85,12 @@ _MODELS = {
 }
 
 
-@pytest.mark.parametrize("model_type", sorted(_MODELS))
+@pytest.mark.parametrize("model_type", ["deepseek_v3"])
 def test_tiny_recipe_trains_loss_falls_and_logs_expert_load(model_type, tmp_path) -> None:
-    """A 2-layer model of the family (the first layer dense) trains on the bundled corpus with experts over
-    ``ep``: the loss falls and metrics.jsonl counts each expert's tokens (the load DeepSeek balances)."""
+    """A 2-layer model of the family (the first layer dense) trains from a recipe on the bundled corpus with
+    experts over ``ep``: the loss falls and metrics.jsonl counts each expert's tokens (the load DeepSeek
+    balances). GLM-4.5 shares the block but for its attention; every family's loss falls on its conformance
+    configuration in test_families_train.py."""
     from scaletrain.recipe import Recipe
     from scaletrain.run import run_training
 
