@@ -27,7 +27,7 @@ from scaletrain.models.common.scanned_layers import StackedLayers
 from scaletrain.models.common.shared_moe import SharedExpertMoe, empty_stats
 from scaletrain.models.deepseek_v3.config import DeepseekV3Config, RoutedMoeConfig
 from scaletrain.models.kernels.attention import KVCache
-from scaletrain.models.task import TaskType
+from scaletrain.models.task import BASE_MODULE
 
 Array = jax.Array
 
@@ -72,7 +72,7 @@ class RoutedMoeModel(DecoderModel):
     """Embeddings, decoder layers (dense first, then MoE) and the final norm (HF's ``model.*`` names)."""
 
     _model_type: ClassVar[str | None] = None
-    _model_task: ClassVar[TaskType] = TaskType.BASE_MODULE
+    _model_task: ClassVar[str] = BASE_MODULE
     layer_class: ClassVar[type[nnx.Module]] = RoutedMoeLayer
 
     def build_layer(self, index: int, config: DecoderConfig, dtype: Any, param_dtype: Any, precision: Any,
