@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "DecoderConfig": "scaletrain.models.common.config",
     "create_sharded_model": "scaletrain.models.factory",
     "AutoModelForCausalLM": "scaletrain.models.registry",
+    "AutoModelForSequenceClassification": "scaletrain.models.registry",
     "load_hf_checkpoint": "scaletrain.models.hf",
     "save_hf_checkpoint": "scaletrain.models.hf",
     "generate": "scaletrain.generation",

@@ -41,6 +41,7 @@ from scaletrain.models.common.mxfp4 import QUANT_METHOD, Mxfp4Source, load_mxfp4
 from scaletrain.models.hf_experts import expert_tensor_names, read_stacked_block
 from scaletrain.models.hf_multimodal import StoredAs, language_model_tensors
 from scaletrain.models.common.scanned_layers import per_layer_names
+from scaletrain.models.common.score_head import fresh_score, hf_architecture, is_sequence_classifier
 from scaletrain.models.hf_config import CONFIG_FILE, config_to_hf, load_hf_config, read_hf_config
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import PartitionAxis
@@ -223,15 +224,18 @@ def load_hf_checkpoint(
                                                precision=precision, mesh=mesh)
     quantization = read_hf_config(local_dir).get("quantization_config") or {}
     mxfp4 = quantization.get("quant_method") == QUANT_METHOD  # config_from_hf let only a family that reads it by
-    needed = _needed_tensors(targets, files, config, local_dir, mxfp4)
+    flat = {_path_name(p): t for p, t in jax.tree_util.tree_flatten_with_path(targets)[0]}
+    fresh = fresh_score(module_class, files, flat, config.initializer_range, local_dir)  # a causal folder's head
+    needed = _needed_tensors(targets, files, config, local_dir, mxfp4, is_sequence_classifier(module_class))
+    needed = {name: source for name, source in needed.items() if name not in fresh}
     if mxfp4:
         logger.info("%s: MXFP4 experts dequantised to %s on load; an export writes them unquantised, without "
                     "quantization_config", local_dir, dtype_name(param_dtype))
-    return nnx.merge(graphdef, _read_tensors(targets, needed, files, stored))
+    return nnx.merge(graphdef, _read_tensors(targets, needed, files, stored, fresh))
 
 
 def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, local_dir: str,
-                    mxfp4: bool = False) -> dict[str, Source | Mxfp4Source]:
+                    mxfp4: bool = False, score_head: bool = False) -> dict[str, Source | Mxfp4Source]:
     """Our parameter name -> its :class:`Source` (an :class:`Mxfp4Source` for a tensor an ``mxfp4`` folder stores
     as blocks and scales); CheckpointError if the files lack a tensor or hold one this model_type does not use."""
     flat = jax.tree_util.tree_flatten_with_path(targets)[0]
@@ -242,13 +246,13 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, 
         needed = {name: (mxfp4_source(s.tensors, s.stacked, files) or s)
                   if any(t not in files for t in s.tensors) else s for name, s in needed.items()}
     used = {hf for source in needed.values() for hf in source.tensors}
-    missing = sorted(hf for hf in used if hf not in files)
+    missing = sorted(hf for hf in used if hf not in files and not (score_head and hf == "score.weight"))
     if missing:
         raise CheckpointError(f"{local_dir}: tensors missing from the checkpoint: {missing[:8]}"
                               + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     extra = sorted(
         t for t in files
-        if t not in used and not _IGNORED_TENSORS.match(t) and not (t == "lm_head.weight" and config.tie_word_embeddings)
+        if t not in used and not _IGNORED_TENSORS.match(t) and not (t == "lm_head.weight" and (config.tie_word_embeddings or score_head))
     )
     # tensors the family declares unused (DeepSeek-V3's multi-token-prediction layers), left out as transformers does
     ignored = getattr(config, "ignored_tensor", None)
@@ -265,7 +269,7 @@ def _needed_tensors(targets: Any, files: dict[str, str], config: DecoderConfig, 
 
 
 def _read_tensors(targets: Any, needed: dict[str, Source | Mxfp4Source], files: dict[str, str],
-                  stored: dict[str, str] | None = None) -> Any:
+                  stored: dict[str, str] | None = None, fresh: dict[str, jax.Array] | None = None) -> Any:
     """``targets`` with every ``jax.ShapeDtypeStruct`` replaced by its tensor, sharded as it says
     (``stored``: the name a tensor has in the file where it differs, a vision-language checkpoint's).
 
@@ -276,7 +280,7 @@ def _read_tensors(targets: Any, needed: dict[str, Source | Mxfp4Source], files: 
     for name, source in needed.items():
         by_files.setdefault(tuple(sorted({files[t] for t in source.tensors})), []).append(name)
     flat_targets = {_path_name(p): t for p, t in jax.tree_util.tree_flatten_with_path(targets)[0]}
-    loaded: dict[str, jax.Array] = {}
+    loaded: dict[str, jax.Array] = dict(fresh or {})  # parameters made here, not read (a new score head)
     for paths in sorted(by_files):
         with contextlib.ExitStack() as stack:
             handles = {path: stack.enter_context(open_weights(path)) for path in paths}
@@ -362,6 +366,8 @@ def save_hf_checkpoint(
     dtypes = {jax.numpy.dtype(x.dtype).name for _, x, _ in tensors}
     save_dtype = dtype_name(dtypes.pop()) if len(dtypes) == 1 else "float32"
     hf_config = config_to_hf(config, save_dtype)
+    if is_sequence_classifier(model):  # transformers' *ForSequenceClassification with one label
+        hf_config.architectures, hf_config.num_labels = [hf_architecture(hf_config.architectures[0])], 1
     limit = parse_size(max_shard_size)
     by_name = {name: (x, transpose) for name, x, transpose in tensors}
     entries = [(name, int(np.prod(x.shape)) * jax.numpy.dtype(x.dtype).itemsize) for name, x, _ in tensors]

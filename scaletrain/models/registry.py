@@ -24,10 +24,10 @@ from scaletrain.models.common.family import (
 )
 from scaletrain.models.hf import load_hf_checkpoint
 from scaletrain.models.hf_config import CONFIG_FILE, read_hf_config, supported_model_type
-from scaletrain.models.task import CAUSAL_LM, TASKS, task_name
+from scaletrain.models.task import CAUSAL_LM, SEQUENCE_CLASSIFICATION, TASKS, task_name
 from scaletrain.parallel.partition import PartitionAxis
 
-__all__ = ["MODULES", "AutoModelForCausalLM", "get_modules_by_type", "model_class_identity", "register_module",
+__all__ = ["MODULES", "AutoModelForCausalLM", "AutoModelForSequenceClassification", "get_modules_by_type", "model_class_identity", "register_module",
            "registered_model_types"]
 
 
@@ -91,3 +91,17 @@ class AutoModelForCausalLM:
             precision=precision,
             scan_layers=scan_layers,
         )
+
+
+class AutoModelForSequenceClassification(AutoModelForCausalLM):
+    """The family's decoder with a one-label score head (:mod:`scaletrain.models.common.score_head`): a reward
+    model. A folder without ``score.weight`` (a causal LM's) loads with a new head, as transformers' does."""
+
+    @staticmethod
+    def from_pretrained(local_dir: str | os.PathLike, **kwargs: Any) -> nnx.Module:
+        """Load a local HF folder as its family's ``*ForSequenceClassification``; the keyword arguments are
+        :meth:`AutoModelForCausalLM.from_pretrained`'s."""
+        where = os.path.join(os.fspath(local_dir), CONFIG_FILE)
+        _, module_class = get_modules_by_type(supported_model_type(read_hf_config(local_dir), where),
+                                              SEQUENCE_CLASSIFICATION)
+        return load_hf_checkpoint(local_dir, module_class, **kwargs)

@@ -15,8 +15,9 @@ import dataclasses
 from typing import Any, Literal
 
 from scaletrain.errors import ConfigError
+from scaletrain.models.common.score_head import sequence_classifier
 from scaletrain.models.hf_family import HFFamily
-from scaletrain.models.task import BASE_MODULE, CAUSAL_LM, TASKS, task_name
+from scaletrain.models.task import BASE_MODULE, CAUSAL_LM, SEQUENCE_CLASSIFICATION, TASKS, task_name
 
 #: ``(model_type, task) -> (config class, module class)``
 MODULES: dict[tuple[str, str], tuple[type, type]] = {}
@@ -67,6 +68,7 @@ def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
     """Register a family: its config.json mapping ``hf`` (which names the config class, whose
     ``model_type`` is the family's), its causal LM (and base module, where EasyDeL names one) and how
     the conformance suite checks it (a family without ``conformance`` fails that suite, saying so).
+    Its ``*ForSequenceClassification`` (:mod:`~scaletrain.models.common.score_head`) is registered with it.
     ``multimodal``: vision-language ``model_type`` s whose folders hold this family as their language model
     (:mod:`scaletrain.models.hf_multimodal` loads them as this family)."""
     model_type = hf.model_type
@@ -79,6 +81,8 @@ def register(hf: HFFamily, causal_lm: type, base_module: type | None = None, *,
         CONFORMANCE[model_type] = conformance
     MULTIMODAL.update({vl_type: model_type for vl_type in multimodal})
     register_module(model_type, CAUSAL_LM, hf.config_class, causal_lm)
+    # every family's decoder with a score head (reward and value models): its class is made here, not spelled
+    register_module(model_type, SEQUENCE_CLASSIFICATION, hf.config_class, sequence_classifier(causal_lm))
     if base_module is not None:
         register_module(model_type, BASE_MODULE, hf.config_class, base_module)
 
