@@ -166,7 +166,8 @@ def run_rollout(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
     out = os.path.join(workdir, "result.json")
     cmd = [sys.executable, os.path.join(HERE, "rollout.py"), "--arch", case["arch"], "--dtype", a.dtype,
            "--prompts", str(case["prompts"]), "--batches", case["batches"], "--new", str(case["new"]),
-           "--repeats", str(case["repeats"])] + (["--no-transformers"] if a.contender == "none" else [])
+           "--repeats", str(case["repeats"]), "--workloads", "fixed", "--contenders", "static,generate"]
+    cmd += ["--no-transformers"] if a.contender == "none" else []
     print("[gpu] rollout: running", flush=True)
     entry = run_worker(cmd + ["--out", out], workdir, a.timeout)
     entry["command"] = shlex.join(cmd)

@@ -1,43 +1,51 @@
-"""Rollout tokens/s: scaletrain's rollout engine against transformers' ``generate``, side by side in one run.
+"""Rollout tokens/s: scaletrain's engines against transformers' ``generate`` and ``generate_batch``, side by side.
 
-``python bench/rollout.py [--model DIR | --arch NAME] [--batches 16,64] [--prompts 16] [--new 64] [--repeats 3]
-[--dtype float32] [--profile]``
+``python bench/rollout.py [--model DIR | --arch NAME | --tiny] [--workloads fixed,long-tailed]
+[--contenders static,continuous,generate,generate_batch] [--batches 16,64] [--prompts 16] [--new 64]
+[--repeats 3] [--chat-prompts 32] [--generations 4] [--cap 256] [--tail-repeats 1] [--slots 16]``
 
-Both sample the same model (a local Hugging Face folder, ``--model``; default the converted
-SmolLM2-135M-Instruct in ``~/.cache/scaletrain``; or, with ``--arch smollm2-135m|llama-1b|tiny``,
-random weights of that architecture written once by transformers to a temporary folder: what
-``bench/gpu.py --rollout`` uses where no checkpoint is at hand) in ``--dtype`` from the same prompts (random
-token ids of 8 to 40 tokens, fixed seed), ``--new`` tokens each at temperature 1 without
-top-k or top-p and without early stop (scaletrain: no stop ids; transformers:
-``min_new_tokens`` = ``max_new_tokens``). A batch of B rows is ``--prompts`` prompts x
-B / prompts generations each (scaletrain's ``num_generations``, transformers' rows repeated
-likewise). Per batch: the engine's first call (tracing and compiling included; all batches' first
-calls run before transformers is loaded, whose idle torch threads would share the CPU) and then
-``--repeats`` alternating timed calls of each, reported as the median tokens/s (B x new /
-wall seconds, host tokens in hand), tokens per CPU-second of the process, and the ratios. The engine is called as GRPO calls it,
-on ``(graphdef, params)`` split once, so nothing is copied or re-split per call.
+Every contender samples the same model (a local Hugging Face folder, ``--model``; default the converted
+SmolLM2-135M-Instruct in ``~/.cache/scaletrain``; or, with ``--arch smollm2-135m|llama-1b|tiny``, random
+weights of that architecture written once by transformers to a temporary folder) in ``--dtype``, at
+temperature 1 without top-k or top-p, the same prompts, group size and cap, in one process:
 
-transformers runs on ``--torch-device`` (default: cuda when torch sees a GPU, else the CPU).
-``--profile`` adds where one rollout's time goes by XLA op category (``bench/profile_step.py``'s
-grouping; CPU time summed over threads). Writes ``--out`` (default
+- **fixed**: ``--prompts`` random prompts (8-40 tokens), batch B = prompts x B / prompts generations, every
+  row exactly ``--new`` tokens (no stop): the decode step alone;
+- **long-tailed**: ``--chat-prompts`` chat requests (bench/rollout_workload.py; answers from one word to a
+  list past the cap) x ``--generations``, stopping at the end of the assistant's turn, at most ``--cap``
+  tokens: a few rows run to the cap while most stop early, as RL completions do. With random weights
+  (``--arch``, ``--tiny``) the prompts are random and a sixteenth of the vocabulary stops a row.
+
+Contenders (bench/rollout_contenders.py): ``static`` (today's engine), ``continuous`` (the continuous-batching
+engine where this tree has one; otherwise a printed line says it was skipped), ``generate``,
+``generate_batch``. Per case, scaletrain's first calls run first (tracing and compiling included; before
+torch is loaded, whose idle threads would share the CPU), then the timed calls alternate between contenders.
+Reported: completion tokens/s (the completion tokens, stop token included, over the wall seconds, tokens in
+hand) and per CPU-second, the ratios, the first call and its compile (first call less a steady call of the
+same seed), the cache each held at its peak against the bytes of the tokens its unfinished rows held at
+that peak (``cache_over_live``), and the completion lengths. Writes ``--out`` (default
 ``bench/results/rollout-<date>.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from common import write_record  # noqa: E402
+import rollout_contenders as rc  # noqa: E402
+import rollout_workload as wl  # noqa: E402
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/scaletrain/smollm2-135m-instruct")
 #: SmolLM2-135M's architecture (its config.json), for random weights where the converted folder is absent
@@ -46,6 +54,9 @@ SMOLLM2_135M: dict[str, Any] = dict(
     num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
 )
+#: ``--tiny``: the smoke test's sizes (a random 2-layer model, a few tokens)
+TINY_ARGS = dict(arch="tiny", batches="4", prompts=2, new=4, repeats=1, chat_prompts=4, generations=2, cap=16,
+                 tail_repeats=1, slots=4)
 
 
 def architectures() -> dict[str, dict[str, Any]]:
@@ -65,159 +76,162 @@ def random_model_dir(arch: str, folder: str) -> str:
     return folder
 
 
-def make_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    """``count`` prompts of random token ids (8 to 40 tokens; ids above the special ones)."""
-    import numpy as np
-
-    rs = np.random.RandomState(seed)
-    return [rs.randint(16, vocab, rs.randint(8, 41)).tolist() for _ in range(count)]
-
-
-def ours(model_dir: str, dtype: str) -> Any:
-    """``(run(prompts, generations, new, seed) -> seconds, first_call_marker)`` for scaletrain's engine."""
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from scaletrain.generation import SamplingParams, rollout
-    from scaletrain.models.registry import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    graphdef, params = nnx.split(model)
-    mesh = jax.tree.leaves(params)[0].sharding.mesh
-
-    def run(prompts: list[list[int]], generations: int, new: int, seed: int) -> tuple[float, Any]:
-        sampling = SamplingParams(max_completion_length=new, temperature=1.0)
-        t0, c0 = time.perf_counter(), time.process_time()
-        with jax.set_mesh(mesh):
-            out = rollout((graphdef, params), prompts, sampling, num_generations=generations, seed=seed)
-        tokens = np.asarray(out.completion_ids)
-        return time.perf_counter() - t0, (tokens, out, time.process_time() - c0)
-
-    return run, model
+def cases(a: argparse.Namespace, model_dir: str, vocab: int, eos: Any) -> list[dict[str, Any]]:
+    """The workloads' cases: name, prompts, generations, cap and stop ids."""
+    out = []
+    if "fixed" in a.workloads:
+        prompts = wl.fixed_prompts(a.prompts, vocab)
+        out += [dict(workload="fixed", batch=b, prompts=prompts, generations=b // a.prompts, cap=a.new, stop=())
+                for b in a.batch_list]
+    if "long-tailed" in a.workloads:
+        if wl.has_chat_template(model_dir) and eos is not None:
+            prompts, stop = wl.chat_prompts(model_dir, a.chat_prompts), tuple(np.atleast_1d(eos).tolist())
+        else:
+            prompts, stop = wl.random_stop_prompts(a.chat_prompts, vocab), wl.random_stop_ids(vocab)
+        out.append(dict(workload="long-tailed", batch=len(prompts) * a.generations, prompts=prompts,
+                        generations=a.generations, cap=a.tail_cap, stop=stop))
+    return out
 
 
-def theirs(model_dir: str, dtype: str, device: str | None) -> Any:
-    """``run(prompts, generations, new, seed) -> seconds`` for transformers' ``generate`` on ``device``."""
-    import torch
-    import transformers
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    model = model.to(device)
-
-    def run(prompts: list[list[int]], generations: int, new: int, seed: int) -> tuple[float, Any]:
-        from scaletrain.generation import left_pad
-
-        ids, mask = left_pad([p for p in prompts for _ in range(generations)])
-        torch.manual_seed(seed)
-        t0, c0 = time.perf_counter(), time.process_time()
-        with torch.no_grad():
-            out = model.generate(torch.tensor(ids, dtype=torch.long, device=device),
-                                 attention_mask=torch.tensor(mask, device=device), do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
-            tokens = out[:, ids.shape[1]:].cpu().numpy()  # the tokens in hand, as for scaletrain
-        return time.perf_counter() - t0, (tokens, None, time.process_time() - c0)
-
-    return run
+def summarise(case: dict[str, Any], name: str, calls: list[rc.Call], first: rc.Call | None, per_token: int,
+              slots: int | None) -> dict[str, Any]:
+    """One contender's figures on one case (medians over its timed calls)."""
+    rates = [c.lengths.sum() / c.wall_s for c in calls]
+    cpu_rates = [c.lengths.sum() / c.cpu_s for c in calls]
+    mid = rc.median_call(calls)
+    live = wl.live_peak_tokens(wl.row_prompt_lengths(case["prompts"], case["generations"]), mid.lengths,
+                               slots if name == "continuous" else None) * per_token
+    row = {"tok_s": round(statistics.median(rates), 1), "tok_cpu_s": round(statistics.median(cpu_rates), 1),
+           "wall_s": [round(c.wall_s, 3) for c in calls], "lengths": wl.length_summary(mid.lengths, case["cap"]),
+           "cache_bytes": mid.cache_bytes, "live_bytes": live,
+           "cache_over_live": None if mid.cache_bytes is None else round(mid.cache_bytes / live, 2)}
+    if first is not None:
+        same_seed = calls[0].wall_s  # the first timed call repeats the first call's seed
+        row.update(first_call_s=round(first.wall_s, 2), first_call_cpu_s=round(first.cpu_s, 2),
+                   compile_s=round(first.wall_s - same_seed, 2))
+    return row
 
 
-def profile(run: Any, prompts: list[list[int]], generations: int, new: int) -> dict[str, float]:
-    """CPU ms of one rollout by op category (the call compiled beforehand)."""
-    from profile_step import CATEGORIES, categorise, trace
-
-    ops = trace(lambda: run(prompts, generations, new, 0)[1][1].completion_ids, 1)
-    cats: collections.Counter[str] = collections.Counter()
-    for op, s in ops.items():
-        cats[categorise(op)] += s
-    print(f"  profile, one rollout of {len(prompts) * generations} x {new} (CPU ms, all threads):")
-    for c in CATEGORIES:
-        print(f"    {c:<16}{1e3 * cats[c]:10.1f}")
-    for c in CATEGORIES:
-        top = sorted(((s, op) for op, s in ops.items() if categorise(op) == c), reverse=True)[:3]
-        print(f"    top {c}: " + ", ".join(f"{op} {1e3 * s:.0f} ms" for s, op in top))
-    return {c: 1e3 * cats[c] for c in CATEGORIES}
+def ratios(figures: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Tokens/s of each scaletrain engine over every other contender's."""
+    out = {}
+    for mine in rc.SCALETRAIN:
+        for other in rc.ALL:
+            if mine != other and mine in figures and other in figures and (mine, other) != ("static", "continuous"):
+                out[f"{mine}_vs_{other}"] = round(figures[mine]["tok_s"] / figures[other]["tok_s"], 2)
+    return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def legacy(row: dict[str, Any]) -> dict[str, Any]:
+    """The fixed workload's keys from before the long-tailed one (bench/gpu.py --rollout reads them)."""
+    st, hf = row["contenders"].get("static", {}), row["contenders"].get("generate", {})
+    out = {"scaletrain_tok_s": st.get("tok_s"), "transformers_tok_s": hf.get("tok_s", float("nan")),
+           "first_call_s": st.get("first_call_s"), "compile_s": st.get("compile_s")}
+    out["ratio"] = round(out["scaletrain_tok_s"] / out["transformers_tok_s"], 2) if hf else float("nan")
+    return out
+
+
+def print_case(row: dict[str, Any]) -> None:
+    print(f"\n{row['workload']}: {row['prompt_count']} prompts x {row['generations']}, cap {row['cap']}")
+    print("| contender | tok/s | tok/CPU-s | first call (compile) | lengths min/median/max, at cap | "
+          "cache MiB | live MiB | cache / live |")
+    for name, f in row["contenders"].items():
+        first = f"{f['first_call_s']:.1f} s ({f['compile_s']:.1f} s)" if "first_call_s" in f else ""
+        ln = f["lengths"]
+        cache = "" if f["cache_bytes"] is None else f"{f['cache_bytes'] / 2**20:,.1f}"
+        print(f"| {name} | {f['tok_s']:,.1f} | {f['tok_cpu_s']:,.1f} | {first} | {ln['min']}/{ln['median']:g}/"
+              f"{ln['max']}, {ln['at_cap']} | {cache} | {f['live_bytes'] / 2**20:,.1f} | "
+              f"{'' if f['cache_over_live'] is None else f['cache_over_live']} |")
+    print("ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()), flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--arch", default=None, help="random weights of smollm2-135m, llama-1b or tiny instead of --model")
+    p.add_argument("--tiny", action="store_true", help="the smoke test's sizes: " + str(TINY_ARGS))
     p.add_argument("--torch-device", default=None, help="transformers' device (default: cuda if available, else cpu)")
-    p.add_argument("--batches", default="16,64")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workloads", default="fixed,long-tailed")
+    p.add_argument("--contenders", default=",".join(rc.ALL))
+    p.add_argument("--batches", default="16,64", help="fixed: batch sizes (multiples of --prompts)")
+    p.add_argument("--prompts", type=int, default=16, help="fixed: prompts")
+    p.add_argument("--new", type=int, default=64, help="fixed: tokens per row")
+    p.add_argument("--repeats", type=int, default=3, help="fixed: timed calls per contender")
+    p.add_argument("--chat-prompts", type=int, default=32, help="long-tailed: prompts")
+    p.add_argument("--generations", type=int, default=4, help="long-tailed: completions per prompt (G)")
+    p.add_argument("--cap", type=int, default=256, dest="tail_cap", help="long-tailed: max completion tokens")
+    p.add_argument("--tail-repeats", type=int, default=1, help="long-tailed: timed calls per contender")
+    p.add_argument("--slots", type=int, default=16, help="the continuous engine's decode slots")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--profile", action="store_true")
-    p.add_argument("--no-transformers", action="store_true", help="time scaletrain alone (profiling)")
+    p.add_argument("--no-transformers", action="store_true", help="scaletrain's engines alone")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    if a.profile:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
-    if a.arch is not None:
-        import tempfile
-
-        if a.arch not in architectures():
-            p.error(f"--arch: unknown {a.arch!r}; choose from {', '.join(architectures())}")
-        a.model = random_model_dir(a.arch, tempfile.mkdtemp(prefix="scaletrain-rollout-bench-"))
-    elif not os.path.isfile(os.path.join(a.model, "config.json")):
+    if a.tiny:
+        for k, v in TINY_ARGS.items():
+            setattr(a, "tail_cap" if k == "cap" else k, v)
+    a.workloads = [w for w in a.workloads.split(",") if w]
+    a.contenders = [c for c in a.contenders.split(",") if c and not (a.no_transformers and c in rc.TRANSFORMERS)]
+    if bad := [w for w in a.workloads if w not in ("fixed", "long-tailed")]:
+        p.error(f"--workloads: unknown {bad}; choose from fixed, long-tailed")
+    if bad := [c for c in a.contenders if c not in rc.ALL]:
+        p.error(f"--contenders: unknown {bad}; choose from {', '.join(rc.ALL)}")
+    a.batch_list = [int(b) for b in a.batches.split(",")]
+    if bad := [b for b in a.batch_list if b % a.prompts]:
+        p.error(f"--batches: {bad} not a multiple of --prompts {a.prompts}")
+    if a.arch is not None and a.arch not in architectures():
+        p.error(f"--arch: unknown {a.arch!r}; choose from {', '.join(architectures())}")
+    if a.arch is None and not os.path.isfile(os.path.join(a.model, "config.json")):
         p.error(f"--model: {a.model} has no config.json (convert SmolLM2 with scripts/convert_smollm2.py, "
                 f"or pass --arch smollm2-135m for random weights)")
+    return a
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse(argv)
+    if a.arch is not None:
+        a.model = random_model_dir(a.arch, tempfile.mkdtemp(prefix="scaletrain-rollout-bench-"))
     t_load = time.perf_counter()
-    run_ours, model = ours(a.model, a.dtype)
+    engines: dict[str, Any] = {}
+    for name in (c for c in a.contenders if c in rc.SCALETRAIN):
+        made = rc.scaletrain_engine(name, a.model, a.dtype, a.slots)
+        if made is None:
+            print(f"{name}: skipped (this tree's scaletrain.generation has no ContinuousBatchEngine)", flush=True)
+            continue
+        engines[name] = made
     load_s = time.perf_counter() - t_load
-    prompts = make_prompts(a.prompts, model.config.vocab_size)
-    batches = [int(b) for b in a.batches.split(",")]
-    if bad := [b for b in batches if b % a.prompts]:
-        p.error(f"--batches: {bad} not a multiple of --prompts {a.prompts}")
-    # each bucket's first call before torch is loaded: its idle worker threads would share the CPU
-    first = {}
-    for batch in batches:
-        wall, (tokens, _, cpu) = run_ours(prompts, batch // a.prompts, a.new, 0)
-        first[batch] = (wall, cpu)
-        assert tokens.shape == (batch, a.new), tokens.shape
-    run_theirs = None if a.no_transformers else theirs(a.model, a.dtype, a.torch_device)
+    import transformers
+
+    hf_config = transformers.AutoConfig.from_pretrained(a.model)
+    per_token = wl.kv_bytes_per_token(hf_config, np.dtype(a.dtype).itemsize)
+    todo = cases(a, a.model, hf_config.vocab_size, getattr(hf_config, "eos_token_id", None))
+    # every case's first call of scaletrain's engines before torch is loaded (seed 1: the first timed seed)
+    first = {(i, n): run(c["prompts"], c["generations"], c["cap"], c["stop"], 1)
+             for i, c in enumerate(todo) for n, run in engines.items()}
+    theirs = {n: rc.transformers_contender(n, a.model, a.dtype, a.torch_device)
+              for n in a.contenders if n in rc.TRANSFORMERS}
+    runs = {**engines, **theirs}
     rows = []
-    for batch in batches:
-        g, (first_s, first_cpu_s) = batch // a.prompts, first[batch]
-        if run_theirs is not None:
-            run_theirs(prompts[:2], 1, 4, 0)  # transformers' own warm-up
-        mine, ref, mine_cpu, ref_cpu = [], [], [], []
-        for r in range(a.repeats):
-            wall, (_, _, cpu) = run_ours(prompts, g, a.new, r + 1)
-            mine.append(wall)
-            mine_cpu.append(cpu)
-            if run_theirs is not None:
-                wall, (_, _, cpu) = run_theirs(prompts, g, a.new, r + 1)
-                ref.append(wall)
-                ref_cpu.append(cpu)
-        ref, ref_cpu = ref or [float("nan")], ref_cpu or [float("nan")]
-        tok = batch * a.new
-        row = {"batch": batch, "prompts": a.prompts, "generations": g, "new_tokens": a.new,
-               "first_call_s": round(first_s, 2), "first_call_cpu_s": round(first_cpu_s, 2),
-               # the first call less a steady call: tracing and compiling the bucket's program
-               "compile_s": round(first_s - statistics.median(mine), 2),
-               "scaletrain_tok_s": round(tok / statistics.median(mine), 1),
-               "transformers_tok_s": round(tok / statistics.median(ref), 1),
-               # per CPU-second of this process: what a descheduled process does not accrue (shared CPU)
-               "scaletrain_tok_cpu_s": round(tok / statistics.median(mine_cpu), 1),
-               "transformers_tok_cpu_s": round(tok / statistics.median(ref_cpu), 1),
-               "scaletrain_s": [round(x, 3) for x in mine], "transformers_s": [round(x, 3) for x in ref]}
-        row["ratio"] = round(row["scaletrain_tok_s"] / row["transformers_tok_s"], 2)
-        row["ratio_cpu_s"] = round(row["scaletrain_tok_cpu_s"] / row["transformers_tok_cpu_s"], 2)
-        print(f"batch {batch:>3} ({a.prompts} prompts x {g}), {a.new} new tokens: scaletrain "
-              f"{row['scaletrain_tok_s']:.0f} tok/s (first call {first_s:.1f} s, {first_cpu_s:.1f} CPU-s), transformers "
-              f"{row['transformers_tok_s']:.0f} tok/s: {row['ratio']:.2f}x (per CPU-s {row['ratio_cpu_s']:.2f}x, "
-              f"load {os.getloadavg()[0]:.1f})", flush=True)
-        if a.profile:
-            row["profile_cpu_ms"] = profile(run_ours, prompts, g, a.new)
+    for i, c in enumerate(todo):
+        for run in theirs.values():  # transformers' own warm-up
+            run(c["prompts"][:2], 1, 4, c["stop"], 0)
+        calls: dict[str, list[rc.Call]] = {n: [] for n in runs}
+        for r in range(a.repeats if c["workload"] == "fixed" else a.tail_repeats):
+            for n, run in runs.items():
+                calls[n].append(run(c["prompts"], c["generations"], c["cap"], c["stop"], r + 1))
+        figures = {n: summarise(c, n, calls[n], first.get((i, n)), per_token, a.slots) for n in runs}
+        row = {"workload": c["workload"], "batch": c["batch"], "prompt_count": len(c["prompts"]),
+               "prompts": len(c["prompts"]), "generations": c["generations"], "cap": c["cap"],
+               "new_tokens": c["cap"], "stop_ids": list(c["stop"])[:8], "contenders": figures,
+               "ratios": ratios(figures), "load_avg": os.getloadavg()[0]}
+        if c["workload"] == "fixed":
+            row.update(legacy(row))
+        print_case(row)
         rows.append(row)
     import jax
 
     result = {"model": a.arch or a.model, "dtype": a.dtype, "measured_on": str(jax.devices()[0].device_kind),
-              "load_s": round(load_s, 2), "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "rows": rows,
+              "load_s": round(load_s, 2), "cpus": os.cpu_count(), "kv_bytes_per_token": per_token,
+              "slots": a.slots, "skipped": [n for n in a.contenders if n not in runs], "rows": rows,
               "command": "python bench/rollout.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     write_record(result, "rollout", a.out)
     return result

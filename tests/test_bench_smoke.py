@@ -165,3 +165,29 @@ def test_gpu_benchmark_rollout_case_tiny_on_cpu(tmp_path):
     for row in rollout["rows"]:
         assert row["first_call_s"] > 0 and row["scaletrain_tok_s"] > 0 and row["transformers_tok_s"] > 0
         assert row["ratio"] == pytest.approx(row["scaletrain_tok_s"] / row["transformers_tok_s"], rel=0.02)
+
+
+def test_rollout_bench_runs_both_workloads_with_every_contender_tiny(tmp_path):
+    """bench/rollout.py --tiny: the fixed-length and the long-tailed workload, scaletrain's engines (the
+    continuous one skipped with a printed line where this tree lacks it) and transformers' generate and
+    generate_batch in one process; rates, ratios, first call and cache against live bytes for each."""
+    out = tmp_path / "rollout.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "rollout.py"), "--tiny", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    present = ["static", "generate", "generate_batch"] + [n for n in ["continuous"] if n not in result["skipped"]]
+    assert ("continuous: skipped" in done.stdout) == ("continuous" in result["skipped"])
+    assert [row["workload"] for row in result["rows"]] == ["fixed", "long-tailed"]
+    for row in result["rows"]:
+        assert set(row["contenders"]) == set(present)
+        for name, f in row["contenders"].items():
+            assert f["tok_s"] > 0 and f["lengths"]["max"] <= row["cap"]
+            assert f["cache_over_live"] >= 1.0 or (name == "continuous" and f["cache_over_live"] is None)
+        st = row["contenders"]["static"]
+        assert st["first_call_s"] > 0 and "compile_s" in st
+        assert row["ratios"]["static_vs_generate"] == pytest.approx(
+            st["tok_s"] / row["contenders"]["generate"]["tok_s"], rel=0.02)
+    fixed, tail = result["rows"]
+    assert all(f["lengths"]["min"] == fixed["cap"] for f in fixed["contenders"].values())  # no early stop
+    assert tail["contenders"]["static"]["lengths"]["min"] < tail["cap"]  # rows stop early: lengths spread
