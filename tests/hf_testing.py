@@ -111,19 +111,27 @@ def assert_logits_match(name: str, ours: np.ndarray, ref: np.ndarray, mask: np.n
     assert diff < TOL, f"{name}: max rel diff {diff:.2e} >= {TOL}"
 
 
-def assert_greedy_generation_matches(model: nnx.Module, ref: Any, new_tokens: int = 16) -> None:
-    """``new_tokens`` greedy tokens from two left-padded prompts (11 and 6 tokens) equal transformers'."""
+def assert_greedy_generation_matches(model: nnx.Module, ref: Any, new_tokens: int = 16, engine: Any = None) -> None:
+    """``new_tokens`` greedy tokens from two left-padded prompts (11 and 6 tokens) equal transformers'.
+
+    ``engine``: a ``factory(sampling)`` of a RolloutEngine (tests/engine_testing.py) whose ``generate`` is
+    checked; None checks ``scaletrain.generation.generate``."""
     import torch
 
-    from scaletrain.generation import generate, left_pad
+    from scaletrain.generation import SamplingParams, generate, left_pad
 
     rs = np.random.RandomState(1)
-    ids, mask = left_pad([list(rs.randint(3, 128, 11)), list(rs.randint(3, 128, 6))])
+    prompts = [list(rs.randint(3, 128, 11)), list(rs.randint(3, 128, 6))]
+    ids, mask = left_pad(prompts)
     with torch.no_grad():
         theirs = ref.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
                               max_new_tokens=new_tokens, do_sample=False).numpy()[:, ids.shape[1]:]
     with jax.set_mesh(jax.tree.leaves(model)[0].sharding.mesh):
-        ours = generate(model, ids, attention_mask=mask, max_new_tokens=new_tokens)
+        if engine is None:
+            ours = generate(model, ids, attention_mask=mask, max_new_tokens=new_tokens)
+        else:
+            sampling = SamplingParams(max_completion_length=new_tokens, temperature=0.0)
+            ours = np.asarray(engine(sampling).generate(model, prompts).completion_ids)
     np.testing.assert_array_equal(ours, theirs)
 
 

@@ -38,6 +38,7 @@ from conformance_testing import (
     token_ids,
     variant_ids,
 )
+from engine_testing import ENGINE_NAMES, rollout_engines
 from hf_testing import (
     TOL,
     assert_greedy_generation_matches,
@@ -168,9 +169,11 @@ def test_future_tokens_do_not_change_earlier_logits(family: Loaded) -> None:
     assert not np.array_equal(after[:, 20:], before[:, 20:])
 
 
-def test_greedy_generation_matches_transformers(family: Loaded) -> None:
-    """16 tokens from two left-padded prompts (11 and 6 tokens), past every window in the table."""
-    assert_greedy_generation_matches(family.model, family.ref)
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_greedy_generation_matches_transformers(family: Loaded, engine: str) -> None:
+    """16 tokens from two left-padded prompts (11 and 6 tokens), past every window in the table, through each
+    rollout engine's ``generate`` (the RolloutEngine interface; ``generate()`` runs the static one)."""
+    assert_greedy_generation_matches(family.model, family.ref, engine=rollout_engines()[engine])
 
 
 def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:

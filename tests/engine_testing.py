@@ -1,0 +1,42 @@
+"""The rollout engines this tree has, for tests that hold every engine to the RolloutEngine contract.
+
+Why a table: the guarantees that do not depend on how an engine schedules (rows in request order, a row's
+tokens and log-probs independent of its neighbours and of which slot ran it, greedy equal to transformers)
+are written once against :class:`~scaletrain.generation.RolloutEngine` and run for each engine here. Today's
+:class:`~scaletrain.generation.StaticBatchEngine` is always present; the continuous-batching engine joins
+as soon as ``scaletrain.generation`` exports ``ContinuousBatchEngine``, built with as few decode slots as it
+takes (:data:`FEW_SLOTS`) so that in these tests later rows run in slots that earlier rows used and freed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import scaletrain.generation as generation
+from scaletrain.generation import SamplingParams, StaticBatchEngine
+
+#: the continuous engine's slots in these tests: fewer than the rows of a batch, so slots are reused
+FEW_SLOTS = 2
+
+EngineFactory = Callable[[SamplingParams], Any]
+
+
+def _continuous(cls: Any) -> EngineFactory:
+    takes = inspect.signature(cls).parameters
+    slots = {k: FEW_SLOTS for k in ("slots", "num_slots") if k in takes}
+    return lambda sampling: cls(sampling, **slots)
+
+
+def rollout_engines() -> dict[str, EngineFactory]:
+    """Engine name -> ``factory(sampling)`` for every engine this tree has."""
+    engines: dict[str, EngineFactory] = {"static": StaticBatchEngine}
+    continuous = getattr(generation, "ContinuousBatchEngine", None)
+    if continuous is not None:
+        engines["continuous"] = _continuous(continuous)
+    return engines
+
+
+#: the parameter list of tests parametrised over the engines
+ENGINE_NAMES: list[str] = list(rollout_engines())
