@@ -2,8 +2,12 @@
 
 import os
 
+from xla_testing import CHEAP_COMPILE  # noqa: E402  (no jax: only the flags' text)
+
+# XLA's cheapest CPU compile for this process and every child that inherits its environment: the suite's
+# programs are tiny, so its CPU goes to compiling them, not to running them (tests/xla_testing.py).
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 " + CHEAP_COMPILE
 ).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 # One persistent compilation cache per test session, shared with subprocesses: many

@@ -18,7 +18,7 @@ def _env():
     compares only programs of its own process tree, and speed is never asserted (tests/xla_testing.py)."""
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    env["XLA_FLAGS"] = " ".join([*flags, CHEAP_COMPILE])
+    env["XLA_FLAGS"] = " ".join(dict.fromkeys([*flags, *CHEAP_COMPILE.split()]))  # the suite's own already has them
     env["PYTHONPATH"] = ROOT
     env["JAX_PLATFORMS"] = "cpu"
     return env

@@ -2,8 +2,9 @@
 from Slurm's variables, a killed process, and resumes on another process count.
 
 Each process has one CPU device (the launcher and these tests strip the test session's 8 fake devices
-from the children's XLA_FLAGS) and they meet through jax.distributed on localhost. The main recipe is
-shrunk to a 1-layer model, 6 steps, a checkpoint every 2 steps, every step logged with its data
+from the children's XLA_FLAGS, and keep its compile setting: tests/xla_testing.py) and they meet through
+jax.distributed on localhost. The main recipe is shrunk to a 1-layer model, 6 steps, a checkpoint every
+2 steps, every step logged with its data
 fingerprint (a hash of the global batch's token ids). Every child runs under a hard time limit and
 nothing outlives its test (_kill_leftovers).
 
@@ -28,6 +29,7 @@ import pytest
 
 from scaletrain.recipe import Recipe
 from scaletrain.run import run_training
+from xla_testing import CHEAP_COMPILE
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +43,7 @@ RTOL = ATOL = 2e-5
 
 
 def _env(**extra) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": "", **extra}
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": CHEAP_COMPILE, **extra}  # one device, this process's compile
     return {k: v for k, v in env.items() if not k.startswith(("SLURM_", "JAX_COORDINATOR", "JAX_PROCESS",
                                                                "JAX_NUM_PROCESSES")) or k in extra}
 

@@ -1,10 +1,11 @@
-"""XLA flags for the suite's child processes that compile the same tiny programs on both sides of a comparison.
+"""XLA's cheapest CPU compile setting, for the whole suite: the pytest process (tests/conftest.py) and its children.
 
-Why: such a child spends most of its CPU in XLA's CPU compiler (LLVM), not in running the programs. LLVM's
+Why: the suite's programs are tiny, so its CPU goes to XLA's CPU compiler (LLVM), not to running them. LLVM's
 cheapest setting compiles the same HLO ~30 % faster (measured: tests/test_lora_scan.py 42.5 -> 30.4 s of
-CPU in one process). It changes float rounding (fused multiply-adds), so it is only for children compared
-with other children that run with the same flags, never with this process (which compiles at XLA's
-default) or with Ray's workers (the launcher sets their flags).
+CPU in one process). It changes float rounding (fused multiply-adds), so a result compared bitwise with
+another must come from a process with the same flags: a child inherits them with the test process's
+environment or takes them from :func:`child_xla_flags`. Ray's workers do not: the launcher sets their
+flags (XLA's default), so their numbers are compared with this process's only within a tolerance.
 """
 
 from __future__ import annotations
