@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "CPOTrainer": "scaletrain.preference.api",
     "KTOConfig": "scaletrain.preference.api",
     "KTOTrainer": "scaletrain.preference.api",
+    "RewardConfig": "scaletrain.preference.api",
+    "RewardTrainer": "scaletrain.preference.api",
     "GRPOConfig": "scaletrain.rl.config",
     "GRPOTrainer": "scaletrain.rl.trainer",
     "RLOOConfig": "scaletrain.rl.config",

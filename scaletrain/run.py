@@ -80,13 +80,20 @@ def model_config(recipe: Recipe, tokenizer: Any) -> tuple[Any, type]:
                             partition_axis=recipe.mesh.partition_axis)
     keys = {k: v for k, v in recipe.model.config_overrides.items() if k in (*LAYOUT_KEYS, *RUNTIME_KEYS)}
     config = config.model_copy(update=keys) if keys else config
-    return config, get_modules_by_type(config.model_type)[1]
+    return config, get_modules_by_type(config.model_type, model_task(recipe))[1]
+
+
+def model_task(recipe: Recipe) -> str:
+    """The task of the model ``objective.type`` trains: a causal LM, or a score-head model (``reward``)."""
+    from scaletrain.objectives.registry import get_objective_type
+
+    return get_objective_type(recipe.objective.type).model_task
 
 
 def new_model_config(recipe: Recipe, tokenizer: Any) -> tuple[Any, type]:
     from scaletrain.models import get_modules_by_type
 
-    config_class, module_class = get_modules_by_type(recipe.model.type)
+    config_class, module_class = get_modules_by_type(recipe.model.type, model_task(recipe))
     keys = dict(recipe.model.config_overrides)
     vocab = len(tokenizer)
     keys.setdefault("vocab_size", -(-vocab // 128) * 128)
@@ -124,14 +131,17 @@ def load_pretrained(recipe: Recipe, tokenizer: Any) -> Any:
     (:func:`check_pretrained_keys`).
     """
     from scaletrain.models.common.config import LAYOUT_KEYS, RUNTIME_KEYS
-    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.models.registry import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from scaletrain.models.task import SEQUENCE_CLASSIFICATION
 
     check_pretrained_keys(recipe)
     if recipe.training.learning_rate > 1e-3:
         logger.warning("training.learning_rate=%g is a from-scratch rate: fine-tuning %s at it usually damages "
                        "the model; 1e-5..1e-4 is typical (see examples/chat_sft_smollm2.yaml)",
                        recipe.training.learning_rate, recipe.model.pretrained)
-    model = AutoModelForCausalLM.from_pretrained(
+    auto = AutoModelForSequenceClassification if model_task(recipe) == SEQUENCE_CLASSIFICATION else \
+        AutoModelForCausalLM
+    model = auto.from_pretrained(
         recipe.model.pretrained,
         dtype=recipe.training.dtype,
         param_dtype=recipe.training.param_dtype,

@@ -59,7 +59,7 @@ def test_each_objective_type_runs_under_the_trainer_its_family_package_registers
 
     want = {"lm": None, "dpo": PreferenceTrainer, "orpo": PreferenceTrainer, "cpo": PreferenceTrainer,
             "simpo": PreferenceTrainer, "kto": PreferenceTrainer, "grpo": GRPOTrainer, "rloo": RLOOTrainer,
-            "reinforce_pp": ReinforcePPTrainer}
+            "reinforce_pp": ReinforcePPTrainer, "reward": PreferenceTrainer}
     assert {k: trainer_class(k) for k in want} == want
     trainer, kwargs = objective_trainer(SimpleNamespace(objective=SimpleNamespace(type="kto", options={})))
     assert trainer is PreferenceTrainer and kwargs["objective"].name == "kto"

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scaletrain.errors import ConfigError
+from scaletrain.models.task import CAUSAL_LM, SEQUENCE_CLASSIFICATION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class ObjectiveType:
     #: how its preference rows are prepared by default (``data.preparation``): as the TRL trainer of the same
     #: name prepares them, so a run's first step equals TRL's with no extra option (None: not preference rows)
     preparation: str | None = None
+    #: the model it trains: a causal LM, or a score-head model (``sequence-classification``: reward models)
+    model_task: str = CAUSAL_LM
 
 
 _REGISTRY: dict[str, ObjectiveType] = {}
@@ -139,6 +142,12 @@ class KTOOptions(_ReferenceOptions):
     undesirable_weight: float = Field(1.0, ge=0)
 
 
+class RewardOptions(_Options):
+    """TRL's ``RewardConfig`` option: the weight of the centring term ``(r_c + r_r)²`` (None: none)."""
+
+    center_rewards_coefficient: float | None = Field(None, ge=0)
+
+
 def _objective_fields(options: BaseModel, cls: type) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in options.model_dump().items() if k in names}
@@ -177,6 +186,12 @@ def _kto(o: KTOOptions) -> Any:
     return KTOObjective(**_objective_fields(o, KTOObjective))
 
 
+def _reward(o: RewardOptions) -> Any:
+    from scaletrain.objectives.reward import RewardObjective
+
+    return RewardObjective(**_objective_fields(o, RewardObjective))
+
+
 _REFERENCE = ("reference", "precompute_ref_log_probs")
 _OWN_TRAINER = True  # PreferenceTrainer: scaletrain.preference.trainer registers it for these types
 register_objective(ObjectiveType("lm", LMOptions, lambda o: None))
@@ -188,6 +203,11 @@ register_objective(ObjectiveType("cpo", CPOOptions, _cpo, "preference", (), _OWN
 register_objective(ObjectiveType("simpo", SimPOOptions, _simpo, "preference", (), _OWN_TRAINER, "trl_orpo"))
 register_objective(ObjectiveType("kto", KTOOptions, _kto, "unpaired_preference", _REFERENCE, _OWN_TRAINER,
                                  "trl_dpo"))
+
+# TRL 1.16's RewardTrainer tokenizes prompt + completion whole, as its DPOTrainer's full sequences; the score head
+# reads the last token (scaletrain.reward registers RewardTrainer)
+register_objective(ObjectiveType("reward", RewardOptions, _reward, "preference", (), _OWN_TRAINER, "trl_dpo",
+                                 SEQUENCE_CLASSIFICATION))
 
 
 def _register_grpo() -> None:

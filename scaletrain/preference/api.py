@@ -22,7 +22,14 @@ from typing import Any
 
 from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError
-from scaletrain.objectives.registry import CPOOptions, DPOOptions, KTOOptions, ORPOOptions, build_objective
+from scaletrain.objectives.registry import (
+    CPOOptions,
+    DPOOptions,
+    KTOOptions,
+    ORPOOptions,
+    RewardOptions,
+    build_objective,
+)
 from scaletrain.preference.trainer import PreferenceTrainer
 from scaletrain.training.trl_inputs import (
     ArgumentNames,
@@ -50,6 +57,10 @@ class KTOConfig(TrainingArguments, KTOOptions):
     """TrainingArguments plus KTO's options (``desirable_weight`` / ``undesirable_weight``)."""
 
 
+class RewardConfig(TrainingArguments, RewardOptions):
+    """TrainingArguments plus TRL's ``RewardConfig`` option ``center_rewards_coefficient``."""
+
+
 class _PreferenceTrainerBase(PreferenceTrainer):
     """A ``PreferenceTrainer`` built from a config of ``config_class`` and the objective registered as ``kind``."""
 
@@ -58,6 +69,7 @@ class _PreferenceTrainerBase(PreferenceTrainer):
     reads_reference: bool = True
     data_kind: str = "preference"  # the recipe's data kind that prepares TRL-format rows for this trainer
     preparation: str = "trl_dpo"  # whose row preparation: TRL's DPO/KTO trainers', or its ORPO/CPO trainers'
+    score_head: bool = False  # the model is a score-head model (a reward model), not a causal LM
 
     def __init__(self, model: Any = None, ref_model: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, data_collator: Any = None,
@@ -84,7 +96,7 @@ class _PreferenceTrainerBase(PreferenceTrainer):
         if self.reads_reference:
             reference = reference if reference is not None else options.get("reference")
             extra = {"reference": reference, "precompute_ref_log_probs": options.get("precompute_ref_log_probs")}
-        model, folder = model_from(model, arguments, who)
+        model, folder = model_from(model, arguments, who, self.score_head)
         tokenizer = tokenizer_from(pick("processing_class", "tokenizer"), folder)
         arguments = with_peft_config(arguments, peft_config, model, folder, who)
         train, evals = preference_rows(pick("train_dataset", "dataset_train"), pick("eval_dataset", "dataset_eval"),
@@ -126,3 +138,13 @@ class KTOTrainer(_PreferenceTrainerBase):
     kind = "kto"
     config_class = KTOConfig
     data_kind = "unpaired_preference"
+
+
+class RewardTrainer(_PreferenceTrainerBase):
+    """A reward model (Bradley-Terry, TRL's ``RewardTrainer``) over pairs; ``model`` as a folder loads with a
+    score head (a causal LM's folder gets a new one, as TRL's does)."""
+
+    kind = "reward"
+    config_class = RewardConfig
+    reads_reference = False
+    score_head = True

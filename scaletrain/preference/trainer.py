@@ -22,7 +22,9 @@ from scaletrain.arguments import TrainingArguments
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.objectives.reference import adapters_off
 from scaletrain.objectives.logps import row_logps
-from scaletrain.objectives.registry import register_trainer
+from scaletrain.models.common.score_head import is_sequence_classifier
+from scaletrain.models.task import SEQUENCE_CLASSIFICATION
+from scaletrain.objectives.registry import get_objective_type, register_trainer
 from scaletrain.preference import precompute
 from scaletrain.training.base import batch_sharding
 from scaletrain.training.frozen import needs_reference, set_up
@@ -35,7 +37,7 @@ logger = logging.getLogger("scaletrain")
 
 
 class PreferenceTrainer(Trainer):
-    """A Trainer for a preference objective (DPO, ORPO, CPO/SimPO, KTO; ``objectives/``).
+    """A Trainer for a preference objective (DPO, ORPO, CPO/SimPO, KTO, a reward model's; ``objectives/``).
 
     ``reference``: for an objective that reads one (DPO, KTO), a model folder or a module;
     None means a frozen copy of the starting policy, or with LoRA/QLoRA the base with its
@@ -50,6 +52,10 @@ class PreferenceTrainer(Trainer):
         if not needs_reference(objective) and (reference is not None or precompute_ref_log_probs):
             raise ConfigError(f"objective {objective.name!r} reads no reference model; drop "
                               f"{'reference' if reference is not None else 'precompute_ref_log_probs'}")
+        if get_objective_type(objective.name).model_task == SEQUENCE_CLASSIFICATION and model is not None \
+                and not is_sequence_classifier(model):
+            raise ConfigError(f"objective {objective.name!r} trains a score-head model, got {type(model).__name__}; "
+                              "load it with scaletrain.AutoModelForSequenceClassification.from_pretrained(DIR)")
         self.reference_given = reference
         self.precompute_ref_log_probs = precompute_ref_log_probs
         super().__init__(arguments, model=model, objective=objective, **kwargs)
@@ -138,4 +144,4 @@ class PreferenceTrainer(Trainer):
         return super().starting_state(state, model_parameters)
 
 
-register_trainer(PreferenceTrainer, "dpo", "orpo", "cpo", "simpo", "kto")
+register_trainer(PreferenceTrainer, "dpo", "orpo", "cpo", "simpo", "kto", "reward")

@@ -57,19 +57,23 @@ def one_of(**named: Any) -> Any:
     return ArgumentNames(named)(*named)
 
 
-def model_from(model: Any, args: TrainingArguments | None, who: str) -> tuple[Any, str | None]:
+def model_from(model: Any, args: TrainingArguments | None, who: str,
+               score_head: bool = False) -> tuple[Any, str | None]:
     """``(module, folder)``: ``model`` itself, or the model in the local folder ``model`` names (TRL's
-    ``model="..."``), built with the arguments' dtypes. A torch model is refused with what to pass instead."""
+    ``model="..."``), built with the arguments' dtypes, as a score-head model with ``score_head`` (TRL's
+    ``RewardTrainer`` loads ``AutoModelForSequenceClassification``). A torch model is refused with what to
+    pass instead."""
     if isinstance(model, (str, os.PathLike)):
         folder = os.path.expanduser(os.fspath(model))
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise ConfigError(f"{who}(model={os.fspath(model)!r}): not a local model folder (config.json + "
                               "safetensors); nothing is downloaded here: pass a folder written by save_pretrained, "
                               "or a scaletrain model")
-        from scaletrain.models.registry import AutoModelForCausalLM
+        from scaletrain.models.registry import AutoModelForCausalLM, AutoModelForSequenceClassification
 
         dtypes = {} if args is None else {"dtype": args.dtype, "param_dtype": args.param_dtype}
-        return AutoModelForCausalLM.from_pretrained(folder, **dtypes), folder
+        auto = AutoModelForSequenceClassification if score_head else AutoModelForCausalLM
+        return auto.from_pretrained(folder, **dtypes), folder
     if type(model).__module__.startswith("transformers."):
         raise ConfigError(f"{who}(model=...) got a transformers (torch) model; save it (model.save_pretrained(DIR)) "
                           "and pass model=DIR, which loads it into JAX")
