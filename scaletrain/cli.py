@@ -89,8 +89,9 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--mesh", default=None, help="mesh axis sizes dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
     ev.add_argument("--data", default=None, help="a data source to score (default for a run: its own eval data)")
     ev.add_argument("--kind", default="pretrain", help="the data kind (pretrain, chat, preference, ...)")
-    ev.add_argument("--objective", default=None, choices=("dpo", "kto", "orpo", "simpo"),
-                    help="preference data: the objective (default: the run's; dpo, or kto for unpaired)")
+    ev.add_argument("--objective", default=None, choices=("dpo", "kto", "orpo", "simpo", "reward"),
+                    help="preference data: the objective (default: the run's; reward for a reward model's folder; "
+                         "dpo, or kto for unpaired)")
     ev.add_argument("--beta", type=float, default=None, help="preference data: the objective's beta")
     ev.add_argument("--reference", default=None,
                     help="preference data: the reference model folder (DPO, KTO; default: the run's, or the base "

@@ -154,7 +154,8 @@ def _data_figures(loaded: Any, section: Any, batch_size: int | None, max_length:
     scoring = preference_scoring(loaded, section.kind, preference, mesh)
     figures = evaluate_rows(loaded.model, rows, settings, None, progress=progress, objective=scoring.objective,
                             frozen_models=scoring.frozen_models)
-    head.update(objective=scoring.objective.name, beta=scoring.objective.beta, reference=scoring.reference)
+    beta = None if scoring.objective.name == "reward" else scoring.objective.beta  # a reward model's scores have none
+    head.update(objective=scoring.objective.name, beta=beta, reference=scoring.reference)
     return {**head, **figures}
 
 

@@ -19,7 +19,8 @@ from scaletrain.errors import ConfigError
 
 PREFERENCE_KINDS = ("preference", "unpaired_preference")
 #: the objectives a model folder can be scored with, and the data kind each reads
-FOLDER_OBJECTIVES = {"dpo": "preference", "orpo": "preference", "simpo": "preference", "kto": "unpaired_preference"}
+FOLDER_OBJECTIVES = {"dpo": "preference", "orpo": "preference", "simpo": "preference", "kto": "unpaired_preference",
+                     "reward": "preference"}
 _DEFAULT = {"preference": "dpo", "unpaired_preference": "kto"}
 
 
@@ -63,6 +64,10 @@ def check_options(kind: str, options: PreferenceOptions) -> None:
 
 def preference_scoring(loaded: Any, kind: str, options: PreferenceOptions, mesh: Any) -> PreferenceScoring:
     """The objective and reference for ``loaded`` (a :class:`~scaletrain.eval.targets.Target` on ``mesh``)."""
+    from scaletrain.models.common.score_head import is_sequence_classifier
+
+    if is_sequence_classifier(loaded.model) or options.objective == "reward":
+        return _reward_scoring(loaded, kind, options)
     recorded = (loaded.meta or {}).get("objective") if loaded.kind == "run" else None
     if recorded and recorded.get("name") not in {"dpo", "kto", "orpo", "cpo"}:
         recorded = None
@@ -87,6 +92,22 @@ def preference_scoring(loaded: Any, kind: str, options: PreferenceOptions, mesh:
                               "model; drop --reference")
         return PreferenceScoring(objective, {}, None)
     return _with_reference(objective, loaded, options.reference, recorded is not None, mesh)
+
+
+def _reward_scoring(loaded: Any, kind: str, options: PreferenceOptions) -> PreferenceScoring:
+    """A reward model scores pairs by its own scores (``accuracy``, ``margin``): no β, no reference."""
+    from scaletrain.models.common.score_head import is_sequence_classifier
+    from scaletrain.objectives.reward import RewardObjective
+
+    if not is_sequence_classifier(loaded.model):
+        raise ConfigError(f"--objective reward: {loaded.name} is a causal LM, not a reward model (a folder whose "
+                          "config.json names a *ForSequenceClassification)")
+    given = [f"--{k}" for k in ("beta", "reference") if getattr(options, k) is not None]
+    if options.objective not in (None, "reward") or given or kind != "preference":
+        raise ConfigError(f"{loaded.name} is a reward model: it scores --kind preference pairs by its own scores; "
+                          f"drop {', '.join(given) or '--objective ' + str(options.objective)}"
+                          if kind == "preference" else f"{loaded.name} is a reward model: use --kind preference")
+    return PreferenceScoring(RewardObjective(), {}, None)
 
 
 def _recorded_objective(recorded: dict[str, Any]) -> Any:

@@ -75,10 +75,14 @@ def load_target(target: str, *, step: int | None = None, adapter: str | None = N
 
 
 def _load_hf(folder: str, adapter: str | None, dims: tuple[int, ...] | None, dtype: str) -> Target:
-    from scaletrain.models.registry import AutoModelForCausalLM
+    from scaletrain.models.hf_config import read_hf_config
+    from scaletrain.models.registry import AutoModelForCausalLM, AutoModelForSequenceClassification
     from scaletrain.peft.adapter import ADAPTER_CONFIG, load_peft_adapter
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, sharding_axis_dims=dims)
+    architectures = read_hf_config(folder).get("architectures") or [""]
+    score_head = str(architectures[0]).endswith("ForSequenceClassification")  # a reward model's folder
+    auto = AutoModelForSequenceClassification if score_head else AutoModelForCausalLM
+    model = auto.from_pretrained(folder, dtype=dtype, sharding_axis_dims=dims)
     tokenizer = _local_tokenizer(folder)
     if adapter is None:
         return Target(model, tokenizer, folder, "hf", {})
