@@ -232,6 +232,24 @@ def _register_grpo() -> None:
 _register_grpo()
 
 
+def _register_distillation() -> None:
+    from scaletrain.objectives.distill_options import (
+        DistillationOptions,
+        GKDOptions,
+        build_distillation_objective,
+        build_gkd_objective,
+    )
+
+    # the student samples through GRPO's rollout machinery; scaletrain.rl.distill registers their trainers
+    register_objective(ObjectiveType("distillation", DistillationOptions, build_distillation_objective, "prompt",
+                                     tuple(DistillationOptions.model_fields), own_trainer=True))
+    register_objective(ObjectiveType("gkd", GKDOptions, build_gkd_objective, "prompt",
+                                     tuple(GKDOptions.model_fields), own_trainer=True))
+
+
+_register_distillation()
+
+
 def validate_options(kind: str, options: dict[str, Any] | BaseModel) -> BaseModel:
     """``options`` validated by ``kind``'s options model; ConfigError naming ``objective.<field>``."""
     from pydantic import ValidationError

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from scaletrain.arguments import TrainingArguments
+from scaletrain.objectives.distill_options import DistillationOptions, GKDOptions
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
 from scaletrain.objectives.rl_variant_options import ReinforcePPOptions, RLOOOptions
 
@@ -40,7 +41,8 @@ class RLConfig(TrainingArguments):
     @classmethod
     def _names(cls) -> frozenset[str]:
         # TRL's vLLM options too: GRPOOptions says what they mean here (none is needed)
-        return frozenset(cls.options_model.model_fields) | {"num_return_sequences"} | TRL_VLLM_OPTIONS
+        return (frozenset(cls.options_model.model_fields) | {"num_return_sequences"} | TRL_VLLM_OPTIONS
+                | getattr(cls.options_model, "other_names", frozenset()))
 
     @classmethod
     def _flat(cls) -> frozenset[str]:
@@ -57,7 +59,7 @@ class RLConfig(TrainingArguments):
             # beside a nested options field (a dump read back), ``epsilon`` is the training argument it sat beside
             names = cls._names() - {"epsilon"} if given is not None else cls._names()
             picked = {k: data.pop(k) for k in list(data) if k in names}
-            if isinstance(given, GRPOOptions):
+            if isinstance(given, BaseModel):
                 given = given.model_dump()
             data[cls.options_field] = cls.options_model(**{**(given or {}), **picked})
         return handler(data)
@@ -100,3 +102,21 @@ class ReinforcePPConfig(RLConfig):
     options_field: ClassVar[str] = "reinforce_pp"
     options_model: ClassVar[type[GRPOOptions]] = ReinforcePPOptions
     reinforce_pp: ReinforcePPOptions = Field(default_factory=ReinforcePPOptions)
+
+
+class DistillationConfig(RLConfig):
+    """TrainingArguments with TRL 1.16's ``DistillationConfig`` options in ``distillation`` (``beta``,
+    ``temperature``, ``max_completion_length``, ``teacher_model_name_or_path`` ...)."""
+
+    options_field: ClassVar[str] = "distillation"
+    options_model: ClassVar[type[BaseModel]] = DistillationOptions
+    distillation: DistillationOptions = Field(default_factory=DistillationOptions)
+
+
+class GKDConfig(RLConfig):
+    """TrainingArguments with TRL's ``GKDConfig`` options in ``gkd`` (``lmbda``, ``beta``, ``temperature``,
+    ``max_new_tokens``, ``seq_kd``, ``teacher_model_name_or_path`` ...)."""
+
+    options_field: ClassVar[str] = "gkd"
+    options_model: ClassVar[type[BaseModel]] = GKDOptions
+    gkd: GKDOptions = Field(default_factory=GKDOptions)

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
+from pydantic import BaseModel
 
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
@@ -131,7 +132,7 @@ class GRPOTrainer(Trainer):
         kind = get_objective_type(self.objective_type)
         fields = {k: kwargs.pop(k) for k in list(kwargs) if k in kind.options.model_fields or k in TRL_VLLM_OPTIONS}
         base = arguments.rl_options().model_dump() if isinstance(arguments, RLConfig) else {}
-        if isinstance(options, GRPOOptions):
+        if isinstance(options, BaseModel):
             options = options.model_dump()
         self.options = validate_options(self.objective_type, {**base, **dict(options or {}), **fields})
         if one_of(eval_dataset=eval_dataset, dataset_eval=dataset_eval) is not None:
@@ -141,9 +142,7 @@ class GRPOTrainer(Trainer):
         if tokenizer is None:
             raise ConfigError("GRPOTrainer needs a tokenizer: completions are decoded for the reward functions")
         self.prompts_per_step = check_batch_size(arguments.total_batch_size, o.num_generations)
-        specs = reward_funcs if reward_funcs is not None else o.reward_funcs
-        self.reward_functions, self.reward_weights = load_rewards(specs, o.reward_weights)
-        self.reward_specs = [recorded_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
+        self.configure_rewards(reward_funcs if reward_funcs is not None else o.reward_funcs)
         if isinstance(dataset_train, list) and dataset_train and isinstance(dataset_train[0], PromptRow):
             rows = [r if o.max_prompt_length is None else dataclasses.replace(
                 r, prompt_ids=r.prompt_ids[-o.max_prompt_length:]) for r in dataset_train]
@@ -168,6 +167,12 @@ class GRPOTrainer(Trainer):
                          objective=objective, **kwargs)
 
     # ---- configuration ----------------------------------------------------------------
+    def configure_rewards(self, specs: Any) -> None:
+        """``reward_functions``, ``reward_weights`` and the ``reward_specs`` checkpoints record, from ``specs`` (the
+        ``reward_funcs=`` argument, else the options'); a trainer that scores no rewards (distillation) sets none."""
+        self.reward_functions, self.reward_weights = load_rewards(specs, self.options.reward_weights)
+        self.reward_specs = [recorded_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
+
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
         args, o = self.arguments, self.options
         n = len(self.prompt_rows)
@@ -196,6 +201,12 @@ class GRPOTrainer(Trainer):
             raise ConfigError(f"the longest prompt plus objective.max_completion_length is {longest} tokens, more than "
                               f"the model's max_position_embeddings={positions}; lower max_completion_length or set "
                               f"objective.max_prompt_length")
+        return self.set_up_frozen_models(built)
+
+    def set_up_frozen_models(self, built: Any) -> Any:
+        """The frozen models the objective reads (``training/frozen.py``), given the built model and state: GRPO's
+        KL reference (read by the rollout's score program, beside the state); a subclass reads others."""
+        o, model = self.options, built.model
         self.frozen_models.declare("reference")  # recorded (None without one), checked on resume: training/frozen.py
         if o.beta != 0.0:  # the KL reference: a frozen copy, a model folder, or the LoRA base (adapters off)
             state: TrainState = built.state

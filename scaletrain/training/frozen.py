@@ -40,6 +40,7 @@ from scaletrain.peft.lora import lora_config_of
 from scaletrain.training.state import FrozenModel, params_sha256
 
 POLICY_COPY = "starting policy (copy)"
+_CROSS = {"teacher": " (cross-tokenizer distillation is not offered yet)"}
 GIVEN_MODULE = "ref_model (given)"
 
 
@@ -55,20 +56,21 @@ class FrozenSetup:
 
 
 def set_up(name: str, given: str | nnx.Module | None, policy: nnx.Module, graphdef: Any, params: Any,
-           frozen: Any, mesh: Any) -> FrozenSetup:
+           frozen: Any, mesh: Any, dtype: Any = None) -> FrozenSetup:
     """The frozen model ``name`` from ``given`` (a folder, a module, or None: the starting policy) for ``policy``.
 
-    ``graphdef``/``params``/``frozen``: the policy's state (copied for the default). Every process
-    must call it: the digest is a gather.
+    ``graphdef``/``params``/``frozen``: the policy's state (copied for the default). ``dtype``: a folder's
+    weights and compute in this dtype (a bf16 teacher beside a float32 student); None: the policy's. Every
+    process must call it: the digest is a gather.
     """
     if default_source(policy, given) == "adapters_off":
         return FrozenSetup(name, "adapters_off", None, None)
     if given is None:
         model, label = copy_of(graphdef, params, frozen), POLICY_COPY
     elif isinstance(given, (str, os.PathLike)):
-        model, label = load_reference_folder(os.fspath(given), policy, mesh), os.fspath(given)
+        model, label = load_reference_folder(os.fspath(given), policy, mesh, name, dtype), os.fspath(given)
     elif isinstance(given, nnx.Module):
-        model, label = as_frozen(given, policy, mesh), GIVEN_MODULE
+        model, label = as_frozen(given, policy, mesh, name), GIVEN_MODULE
     else:
         raise ConfigError(f"{name} must be a model folder or a model, got {type(given).__name__}")
     return FrozenSetup(name, "model", model, {name: label, f"{name}_sha256": params_sha256(model.params)})
@@ -124,34 +126,40 @@ def copy_of(graphdef: Any, params: Any, frozen: Any = None) -> FrozenModel:
     return FrozenModel(params=nnx.to_pure_dict(ref_params), graphdef=ref_graphdef)
 
 
-def load_reference_folder(folder: str, policy: nnx.Module, mesh: Any) -> FrozenModel:
-    """The Hugging Face model in ``folder``, on the policy's mesh with its partition rules and dtypes.
+def load_reference_folder(folder: str, policy: nnx.Module, mesh: Any, name: str = "reference",
+                          dtype: Any = None) -> FrozenModel:
+    """The Hugging Face model in ``folder``, on the policy's mesh with its partition rules and dtypes (or
+    ``dtype`` for both its weights and its compute).
 
-    It must score the policy's tokens: a different vocabulary size is refused, naming the folder."""
+    It must score the policy's tokens: a different vocabulary size is refused, naming the folder and
+    ``objective.<name>``."""
     from scaletrain.models.registry import AutoModelForCausalLM
 
     if not os.path.isdir(folder):
-        raise ConfigError(f"objective.reference={folder!r} is not a folder; give a Hugging Face model folder "
-                          "(config.json + safetensors) or leave it unset for a copy of the starting policy")
+        unset = "leave it unset for a copy of the starting policy" if name == "reference" else "it is required"
+        raise ConfigError(f"objective.{name}={folder!r} is not a folder; give a Hugging Face model folder "
+                          f"(config.json + safetensors); {unset}")
     cfg = policy.config
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=policy.dtype, param_dtype=policy.param_dtype, mesh=mesh,
+        folder, dtype=dtype or policy.dtype, param_dtype=dtype or policy.param_dtype, mesh=mesh,
         partition_axis=cfg.partition_axis, scan_layers=bool(getattr(cfg, "scan_layers", False)))
     if model.config.vocab_size != cfg.vocab_size:
-        raise ConfigError(f"objective.reference={folder!r} has vocab_size {model.config.vocab_size}, the policy "
-                          f"{cfg.vocab_size}; the reference must share the policy's tokenizer")
+        raise ConfigError(f"objective.{name}={folder!r} has vocab_size {model.config.vocab_size}, the policy "
+                          f"{cfg.vocab_size}; the {name} must share the policy's tokenizer{_CROSS.get(name, '')}")
     graphdef, params = nnx.split(model)
     return FrozenModel(params=nnx.to_pure_dict(params), graphdef=graphdef)
 
 
-def as_frozen(module: nnx.Module, policy: nnx.Module, mesh: Any) -> FrozenModel:
-    """A reference given as a module (``DPOTrainer(ref_model=...)``), placed on the policy's mesh."""
+def as_frozen(module: nnx.Module, policy: nnx.Module, mesh: Any, name: str = "reference") -> FrozenModel:
+    """A frozen model given as a module (``DPOTrainer(ref_model=...)``, ``GKDTrainer(teacher_model=...)``),
+    placed on the policy's mesh."""
     from scaletrain.models.factory import place_model
 
     module, _ = place_model(module, mesh)
     if module.config.vocab_size != policy.config.vocab_size:
-        raise ConfigError(f"ref_model has vocab_size {module.config.vocab_size}, the policy "
-                          f"{policy.config.vocab_size}; the reference must share the policy's tokenizer")
+        given = "ref_model" if name == "reference" else f"{name}_model"
+        raise ConfigError(f"{given} has vocab_size {module.config.vocab_size}, the policy {policy.config.vocab_size}; "
+                          f"the {name} must share the policy's tokenizer{_CROSS.get(name, '')}")
     graphdef, params = nnx.split(module)
     return FrozenModel(params=nnx.to_pure_dict(params), graphdef=graphdef)
 
