@@ -122,3 +122,23 @@ def first_train_record(output_dir: str) -> dict:
 
 def host(tree: Any) -> Any:
     return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def hf_reward_model(folder: str, seed: int = 0) -> Any:
+    """A random tiny transformers ``LlamaForSequenceClassification`` (``num_labels=1``, vocab 128) saved in
+    ``folder`` with :func:`word_tokenizer` beside it; returns the tokenizer."""
+    import torch
+    import transformers
+
+    tokenizer = word_tokenizer(folder)
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      num_labels=1, pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_((1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else 0.3 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return tokenizer

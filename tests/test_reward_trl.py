@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from preference_testing import RAGGED_PAIRS, first_train_record, word_tokenizer
+from preference_testing import RAGGED_PAIRS, first_train_record, hf_reward_model
 
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
@@ -26,21 +26,8 @@ FIGURES = ("loss", "accuracy", "margin", "mean_reward")
 
 @pytest.fixture(scope="module")
 def reward_folder(tmp_path_factory):
-    import transformers
-
-    folder = tmp_path_factory.mktemp("reward") / "rm"
-    tokenizer = word_tokenizer(str(folder))
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      num_labels=1, pad_token_id=tokenizer.pad_token_id,
-                                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    model = transformers.AutoModelForSequenceClassification.from_config(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_((1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else 0.3 * torch.randn_like(p))
-    model.save_pretrained(folder)
-    return str(folder), tokenizer
+    folder = str(tmp_path_factory.mktemp("reward") / "rm")
+    return folder, hf_reward_model(folder)
 
 
 def _pairs():

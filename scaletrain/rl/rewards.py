@@ -15,8 +15,9 @@ not return in time scores its rows None and is counted (``rewards/<name>/timeout
 while waiting for one stops the step.
 
 A recipe lists them under TRL's name ``reward_funcs``: ``"package.module:function"``, a
-built-in's name (:data:`BUILTINS`), or ``{function: <either>, <keyword>: <value>, ...}`` to
-bind options (e.g. a built-in's ``pattern``); ``reward_weights`` weighs them (default 1 each).
+built-in's name (:data:`BUILTINS`), ``{function: <either>, <keyword>: <value>, ...}`` to
+bind options (e.g. a built-in's ``pattern``), or ``{model: DIR}``, a reward model's folder
+(:mod:`scaletrain.rl.reward_model`); ``reward_weights`` weighs them (default 1 each).
 A ``module`` is looked for first in the recipe's folder, then in the working directory (as
 ``python script.py`` finds the modules beside it), then on ``sys.path``.
 """
@@ -171,6 +172,14 @@ def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str
     if isinstance(spec, str):
         fn = _resolve(spec, field, folders)
         return RewardFunction(getattr(fn, "__name__", spec.rpartition(":")[2]), fn)
+    if isinstance(spec, Mapping) and "model" in spec:  # a reward model's folder (rl/reward_model.py)
+        from scaletrain.rl.reward_model import ModelReward
+
+        extra = sorted(set(spec) - {"model", "name"})
+        if extra:
+            raise ConfigError(f"{field}: a reward model entry takes model (and name), not {extra}")
+        fn = ModelReward(spec["model"], field)
+        return RewardFunction(str(spec.get("name", fn.__name__)), fn)
     if isinstance(spec, Mapping) and isinstance(spec.get("function"), str):
         options = {k: v for k, v in spec.items() if k != "function"}
         fn = _resolve(spec["function"], f"{field}.function", folders)
