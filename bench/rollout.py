@@ -103,7 +103,7 @@ def summarise(case: dict[str, Any], name: str, calls: list[rc.Call], first: rc.C
                                slots if name == "continuous" else None) * per_token
     row = {"tok_s": round(statistics.median(rates), 1), "tok_cpu_s": round(statistics.median(cpu_rates), 1),
            "wall_s": [round(c.wall_s, 3) for c in calls], "lengths": wl.length_summary(mid.lengths, case["cap"]),
-           "cache_bytes": mid.cache_bytes, "live_bytes": live,
+           "cache_bytes": mid.cache_bytes, "used_bytes": mid.used_bytes, "live_bytes": live,
            "cache_over_live": None if mid.cache_bytes is None else round(mid.cache_bytes / live, 2)}
     if first is not None:
         same_seed = calls[0].wall_s  # the first timed call repeats the first call's seed

@@ -38,12 +38,14 @@ HF_PAGE = 32
 @dataclasses.dataclass
 class Call:
     """One timed call: wall and CPU seconds, each row's completion length (stop token included), and the
-    key/value cache bytes it held at its peak (None where the contender does not say)."""
+    key/value cache bytes it held at its peak (None where the contender does not say); ``used_bytes``: of
+    those, the most its rows occupied at once, where it says (the continuous engine's pages in use)."""
 
     wall_s: float
     cpu_s: float
     lengths: np.ndarray
     cache_bytes: int | None
+    used_bytes: int | None = None
 
 
 Run = Callable[[list[list[int]], int, int, tuple[int, ...], int], Call]
@@ -91,8 +93,13 @@ def scaletrain_engine(name: str, model_dir: str, dtype: str, slots: int) -> Run 
     takes = inspect.signature(cls).parameters
     extra = {k: slots for k in ("slots", "num_slots") if k in takes}
 
+    made: dict[SamplingParams, Any] = {}  # one engine per sampling, reused by every call as a trainer reuses it
+
     def run(prompts: list[list[int]], generations: int, cap: int, stop_ids: tuple[int, ...], seed: int) -> Call:
-        engine = cls(SamplingParams(max_completion_length=cap, temperature=1.0, stop_token_ids=stop_ids), **extra)
+        sampling = SamplingParams(max_completion_length=cap, temperature=1.0, stop_token_ids=stop_ids)
+        if sampling not in made:
+            made[sampling] = cls(sampling, **extra)
+        engine = made[sampling]
         t0, c0 = time.perf_counter(), time.process_time()
         with jax.set_mesh(mesh):
             out = engine.generate((graphdef, params), prompts, num_generations=generations, seed=seed)
@@ -102,8 +109,11 @@ def scaletrain_engine(name: str, model_dir: str, dtype: str, slots: int) -> Run 
         if name == "static":  # the cache its one program allocates: batch bucket x (prompt bucket + cap)
             padded = bucket(*left_pad(prompts), generations, 0, 1)
             cache = padded.input_ids.shape[0] * (padded.input_ids.shape[1] + cap) * per_token
-        else:  # what the engine reports of its page pool, if it does
-            cache = getattr(engine, "peak_cache_bytes", None)
+        else:  # the page pool the engine allocated, where it reports it (``stats``)
+            stats = getattr(engine, "stats", {})
+            page = getattr(engine, "page_size", 0) * per_token
+            cache, used = (stats.get(k) and stats[k] * page for k in ("num_pages", "peak_pages"))
+            return Call(wall, cpu, lengths, cache, used)
         return Call(wall, cpu, lengths, cache)
 
     return run
