@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from scaletrain.models.common.routing import bias_update_rate
 from scaletrain.objectives.base import Batch, ObjectiveBase, Sums
 from scaletrain.objectives.fused_loss import fused_head_loss
 from scaletrain.objectives.loss import LossSums, cross_entropy_sums, eval_metrics, target_mask
@@ -33,7 +34,8 @@ class LanguageModelObjective(ObjectiveBase):
 
     Its sums: ``loss``, ``z_loss``, ``correct``, ``tokens`` (the normaliser) and, for a
     mixture of experts, ``aux_loss``, ``router_z_loss`` (token-weighted) and
-    ``expert_tokens`` (assignments per expert).
+    ``expert_tokens`` (assignments per expert), and ``expert_layer_tokens`` (per layer) when the model
+    updates its routers' correction biases.
     """
 
     z_loss: float = 0.0
@@ -58,8 +60,9 @@ class LanguageModelObjective(ObjectiveBase):
         else:
             sums = cross_entropy_sums(model.compute_logits(hidden), batch["input_ids"], mask)
             objective = sums.loss + self.z_loss * sums.z_loss
-        return objective + router_objective(model, stats, sums.tokens), {**sums._asdict(),
-                                                                         **router_sums(stats, sums.tokens)}
+        per_layer = bias_update_rate(model.config) > 0
+        return objective + router_objective(model, stats, sums.tokens), {
+            **sums._asdict(), **router_sums(stats, sums.tokens, per_layer)}
 
     def zero_sums(self, model: Any) -> Sums:
         """Float32 zeros shaped like the sums: scalars, and the router sums from the router statistics' shapes."""
@@ -67,7 +70,8 @@ class LanguageModelObjective(ObjectiveBase):
         shapes: dict[str, Any] = {name: tokens for name in LossSums._fields}
         router = aux_shapes(model).get("router")
         if router is not None:
-            shapes.update(jax.eval_shape(router_sums, router, tokens))
+            per_layer = bias_update_rate(model.config) > 0
+            shapes.update(jax.eval_shape(lambda r, t: router_sums(r, t, per_layer), router, tokens))
         return jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
 
     def step_metrics(self, sums: Sums, denom: Array) -> dict[str, Array]:

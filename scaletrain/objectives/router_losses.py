@@ -35,11 +35,18 @@ def router_objective(model: Any, stats: RouterStats | None, tokens: Array) -> Ar
     return tokens * (cfg.router_aux_loss_coef * aux + cfg.router_z_loss_coef * z)
 
 
-def router_sums(stats: RouterStats | None, tokens: Array) -> dict[str, Array]:
-    """What the step sums over micro-batches: token-weighted losses and the tokens each expert got."""
+def router_sums(stats: RouterStats | None, tokens: Array, per_layer: bool = False) -> dict[str, Array]:
+    """What the step sums over micro-batches: token-weighted losses and the tokens each expert got.
+
+    ``per_layer`` adds ``expert_layer_tokens`` ([L, E]: each layer's assignments), what the
+    correction-bias update reads (:mod:`scaletrain.training.router_bias`); only then, so a run
+    without it sums exactly what it always did.
+    """
     if stats is None:
         return {}
+    layer = {"expert_layer_tokens": stats.counts.reshape(-1, stats.counts.shape[-1])} if per_layer else {}
     return {
+        **layer,
         "aux_loss": tokens * load_balancing_loss(stats),
         "router_z_loss": tokens * router_z_loss(stats),
         # assignments per expert, all layers together: a token counts once per layer and chosen expert

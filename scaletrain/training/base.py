@@ -42,12 +42,9 @@ from scaletrain.training.frozen import FrozenModels
 from scaletrain.training.loggers import RunWriters
 from scaletrain.training.metrics import peak_flops_per_device, throughput
 from scaletrain.training.optim import make_optimizer, make_schedule
-from scaletrain.training.protocol import (
-    BaseTrainerProtocol,
-    TrainerConfigureDataloaderOutput,
-    TrainerConfigureFunctionOutput,
-    TrainerConfigureModelOutput,
-)
+from scaletrain.training.router_bias import outside_optimizer
+from scaletrain.training.protocol import (BaseTrainerProtocol, TrainerConfigureDataloaderOutput,
+                                          TrainerConfigureFunctionOutput, TrainerConfigureModelOutput)
 from scaletrain.training.lora_state import base_record, with_lora
 from scaletrain.training.resume import check_same_run, restore_data_position, warn_about_later_checkpoints
 from scaletrain.training.run_lock import RunLock, acquire_run_lock, release_run_lock
@@ -279,7 +276,7 @@ class BaseTrainer(BaseTrainerProtocol):
                 f"max_position_embeddings={positions}; lower training.max_length or use a model with "
                 f"max_position_embeddings >= {args.max_length}")
         scheduler = make_schedule(args, self.max_training_steps)
-        optimizer = make_optimizer(args, scheduler)
+        optimizer = make_optimizer(args, scheduler, outside_optimizer(model.config, args.lora))
         state = create_train_state(model, optimizer, self._mesh, seed=args.seed)
         if self._given_state is not None:  # its class (a custom state_class), step, RNG and extra fields
             state = adopt_state(self._given_state, state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -99,9 +100,24 @@ def freeze(inner: optax.GradientTransformation, pattern: str) -> optax.GradientT
     return optax.chain(zero, inner, zero)
 
 
-def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.GradientTransformation:
+def leave_out(inner: optax.GradientTransformation, mask: Callable[[Any], Any]) -> optax.GradientTransformation:
+    """``inner`` over every parameter but those ``mask`` marks, which get a zero update and no optimizer state.
+
+    Why not :func:`freeze`: these parameters are changed by the step itself, not by the optimizer
+    (a router's correction bias, :mod:`scaletrain.training.router_bias`), so they hold no moments
+    and take no part in clipping's global norm or weight decay.
+    """
+    def trained(params: Any) -> Any:
+        return jax.tree.map(lambda marked: not marked, mask(params))
+
+    return optax.chain(optax.masked(optax.set_to_zero(), mask), optax.masked(inner, trained))
+
+
+def make_optimizer(args: TrainingArguments, schedule: optax.Schedule,
+                   untrained: Callable[[Any], Any] | None = None) -> optax.GradientTransformation:
     """Gradient clipping (if set) followed by the chosen optimizer, in float32 (:func:`in_float32`),
-    leaving ``frozen_parameters`` untouched (:func:`freeze`)."""
+    leaving ``frozen_parameters`` untouched (:func:`freeze`) and the parameters ``untrained`` marks
+    out of it altogether (:func:`leave_out`)."""
     if args.optimizer == "adamw":
         opt = optax.adamw(schedule, b1=args.beta1, b2=args.beta2, eps=args.epsilon,
                           weight_decay=args.weight_decay, mask=_decay_mask)
@@ -120,4 +136,6 @@ def make_optimizer(args: TrainingArguments, schedule: optax.Schedule) -> optax.G
         opt = optax.chain(optax.clip_by_global_norm(args.clip_grad), opt)
     if args.frozen_parameters:
         opt = freeze(opt, args.frozen_parameters)
+    if untrained is not None:
+        opt = leave_out(opt, untrained)
     return in_float32(opt)

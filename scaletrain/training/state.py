@@ -130,10 +130,14 @@ def optimizer_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mes
 
     A moment whose shape is not its parameter's (Adafactor's factored row and column
     statistics) is replicated: it is a vector, and the parameter's spec does not fit it.
+    A parameter an ``optax.masked`` part leaves out has no moment there (its ``MaskedNode``
+    is kept as it is: :func:`scaletrain.training.optim.leave_out`).
     """
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def moment(leaf: Any, sharding: Any, param: Any) -> Any:
+        if isinstance(leaf, optax.MaskedNode):
+            return leaf
         return sharding if tuple(leaf.shape) == tuple(param.shape) else replicated
 
     return optax.tree_map_params(
@@ -143,7 +147,7 @@ def optimizer_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mes
         jax.tree.map(lambda x: x.sharding, params),
         params,
         transform_non_params=lambda _: replicated,
-        is_leaf=lambda x: isinstance(x, NamedSharding),
+        is_leaf=lambda x: isinstance(x, (NamedSharding, optax.MaskedNode)),
     )
 
 

@@ -22,10 +22,12 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scaletrain.key_paths import key_names
+from scaletrain.models.common.routing import bias_update_rate
 from scaletrain.models.common.scanned_layers import stacked_axes
 from scaletrain.objectives.base import Objective, Sums, check_batch, select_frozen, with_batch_totals
 from scaletrain.parallel.partition import active_platform
 from scaletrain.peft.lora import join_trainable
+from scaletrain.training.router_bias import router_bias_metrics, update_router_biases
 from scaletrain.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -174,12 +176,17 @@ def train_step(
         params, opt_state = jax.tree.map(
             lambda new, old: jnp.where(finite, new, old), update(), (state.params, state.opt_state)
         )
+    rate = bias_update_rate(_model(state, state.params).config)
+    if rate > 0:  # DeepSeek's balancing: the routers' biases follow this step's loads
+        params = update_router_biases(params, sums, rate, finite if guard_nonfinite else jnp.bool_(True))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {
         **objective.step_metrics(sums, denom),
         "grad_norm": grad_norm,
         "nonfinite": 1.0 - finite.astype(jnp.float32),
     }
+    if rate > 0:
+        metrics.update(router_bias_metrics(params))
     if log_grad_norms:
         metrics.update(group_norms(grads, "grad_norm"))
     if log_weight_stats:

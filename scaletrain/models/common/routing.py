@@ -104,6 +104,25 @@ class BiasRouter(nnx.Module):
         return logits, weights, experts, affinities
 
 
+def bias_update_rate(config: Any) -> float:
+    """``config``'s ``router_bias_update_rate``: how far a step moves each correction bias (0, off, for any
+    model without one)."""
+    return float(getattr(config, "router_bias_update_rate", 0.0))
+
+
+def balancing_bias_step(bias: Array, loads: Array, rate: float) -> Array:
+    """``bias`` [..., E] moved by ``rate`` toward balance given the step's ``loads`` [..., E] (tokens per expert).
+
+    DeepSeek-V3's auxiliary-loss-free balancing (its report, section 2.1.2): an expert above
+    its layer's mean load gets its bias lowered by ``rate``, one below raised by ``rate``, one
+    exactly at the mean (or a layer that saw no token) kept, so the next choices lean toward
+    the idle experts without any gradient.
+    """
+    loads = loads.astype(jnp.float32)
+    step = rate * jnp.sign(jnp.mean(loads, axis=-1, keepdims=True) - loads)
+    return (bias.astype(jnp.float32) + step).astype(bias.dtype)
+
+
 def routing_problem(num_experts: int, top_k: int, n_group: int, topk_group: int) -> str | None:
     """What makes group-limited routing impossible, said by key (transformers' names), or None."""
     if n_group < 1 or num_experts % n_group:

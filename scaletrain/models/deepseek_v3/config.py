@@ -6,7 +6,9 @@ group-limited routing with the correction bias (``n_group``, ``topk_group``, ``n
 ``routed_scaling_factor``), ``n_shared_experts`` always-on experts, and the first
 ``first_k_dense_replace`` layers dense (an MLP of ``intermediate_size``). Neither family has an
 auxiliary loss: ``router_aux_loss_coef`` (0) and ``router_z_loss_coef`` (0) are ours, kept so the
-router statistics can be turned into the usual losses when asked. :class:`DeepseekV3Config` adds
+router statistics can be turned into the usual losses when asked. ``router_bias_update_rate`` (ours, 0:
+off) is DeepSeek's auxiliary-loss-free balancing: after each optimizer step every layer's correction bias
+moves by that rate toward balance (:mod:`scaletrain.training.router_bias`). :class:`DeepseekV3Config` adds
 multi-head latent attention (:mod:`scaletrain.models.common.latent_attention`).
 """
 
@@ -35,6 +37,9 @@ class RoutedMoeConfig(DecoderConfig):
     routed_scaling_factor: float = 1.0
     router_aux_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
+    # DeepSeek-V3's bias update speed (its report's gamma, 0.001 for most of its pre-training); 0 leaves the bias
+    # where the checkpoint put it. Ours, not a transformers key: not written to config.json
+    router_bias_update_rate: float = 0.0
     # multi-token-prediction layers a checkpoint carries after the decoder's (transformers' num_mtp_layers):
     # not computed, their tensors left out on load, as transformers leaves them out
     num_nextn_predict_layers: int = 0
@@ -50,6 +55,8 @@ class RoutedMoeConfig(DecoderConfig):
         if problem := routing_problem(self.n_routed_experts, self.num_experts_per_tok, self.n_group,
                                       self.topk_group):
             raise ValueError(problem)
+        if not self.router_bias_update_rate >= 0:  # NaN too
+            raise ValueError(f"router_bias_update_rate {self.router_bias_update_rate} must be at least 0 (0 is off)")
         if self.n_shared_experts < 0 or self.first_k_dense_replace < 0:
             raise ValueError("n_shared_experts and first_k_dense_replace must be at least 0")
         if self.mlp_bias:
