@@ -30,15 +30,16 @@ SMOLLM3_3B = {
     "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 128256,
 }
 
-#: allenai/Olmo-3-1025-7B config.json: three sliding layers (window 4096) to one full, untied head, MHA. Its
-#: rope_scaling (YaRN on the full layers) is left out: olmo3 refuses YaRN for now (see docs/hf.md), and RoPE
-#: has no parameters
+#: allenai/Olmo-3-1025-7B config.json: three sliding layers (window 4096) to one full, untied head, MHA, YaRN on
+#: the full layers (``rope_scaling``, which transformers gives the full layers only; RoPE has no parameters)
 OLMO3_7B = {
     "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "attention_bias": False, "attention_dropout": 0.0,
     "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
     "intermediate_size": 11008, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 8,
     "max_position_embeddings": 65536, "num_attention_heads": 32, "num_hidden_layers": 32,
     "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_theta": 500000,
+    "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1, "factor": 8.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "yarn"},
     "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 100278,
 }
 

@@ -31,10 +31,20 @@ Array = jax.Array
 
 
 class LayerKind(NamedTuple):
-    """What sets one kind of layer apart: its attention ``window`` (None: none) and RoPE ``inv_freq``."""
+    """What sets one kind of layer apart: its attention ``window`` (None: none) and RoPE ``inv_freq``.
+
+    ``rope_scale`` multiplies the kind's RoPE tables (cos and sin), as transformers applies YaRN's
+    attention factor: where the factor differs by layer type (OLMo 3's YaRN on its full layers only,
+    ``rope_factor_per_layer_type``) it travels with the kind, not with the shared attention module.
+    """
 
     window: int | None
     inv_freq: Array
+    rope_scale: float = 1.0
+
+
+def _scaled(tables: tuple[Array, Array], scale: float) -> tuple[Array, Array]:
+    return tables if scale == 1.0 else (tables[0] * scale, tables[1] * scale)
 
 
 class LayerInputs(NamedTuple):
@@ -69,7 +79,8 @@ def training_inputs(config: DecoderConfig, kinds: tuple[LayerKind, ...], input_i
         inputs = prepare_inputs(input_ids, positions, segment_ids, attention_mask, kind.window, kind.inv_freq,
                                 mechanism)
         ids, inputs, restore = zigzag_inputs(config.partition_axis.sequence_axis, input_ids, inputs)
-        by_kind.append(LayerInputs(inputs.mask, inputs.rope, (inputs.segment_ids != 0).astype(jnp.float32),
+        by_kind.append(LayerInputs(inputs.mask, _scaled(inputs.rope, kind.rope_scale),
+                                   (inputs.segment_ids != 0).astype(jnp.float32),
                                    segment_ids=inputs.segment_ids))
     return PreparedInputs(ids, tuple(by_kind), restore)
 
@@ -91,5 +102,6 @@ def cache_inputs(kinds: tuple[LayerKind, ...], input_ids: Array, positions: Arra
     # the new tokens' documents: a prompt's left padding (0) apart from its text (1)
     documents = jax.lax.dynamic_slice_in_dim(kv_valid, start, t, axis=1).astype(jnp.int32)
     by_kind = tuple(LayerInputs(build_cache_mask(start, t, kv_valid, kind.window),
-                                rope_tables(positions, kind.inv_freq), valid, start, documents) for kind in kinds)
+                                _scaled(rope_tables(positions, kind.inv_freq), kind.rope_scale), valid, start,
+                                documents) for kind in kinds)
     return PreparedInputs(input_ids, by_kind, None)

@@ -24,7 +24,7 @@ from pydantic import model_validator
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.inputs import LayerKind
 from scaletrain.models.common.config import DecoderConfig
-from scaletrain.models.kernels.attention import rope_inv_freq
+from scaletrain.models.kernels.attention import rope_attention_factor, rope_inv_freq
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -83,6 +83,9 @@ class LayerTypedConfig(DecoderConfig):
 
     #: the layer types the family's blocks build; anything else is refused naming the entry
     layer_type_names: ClassVar[tuple[str, ...]] = ATTENTION_TYPES
+    #: whether YaRN's attention factor follows each layer type's RoPE (OLMo 3: the full layers' only) rather
+    #: than the config's ``rope_scaling`` for every layer (GPT-OSS): then each kind's RoPE tables carry it
+    rope_factor_per_layer_type: ClassVar[bool] = False
 
     layer_types: list[str] | None = None
     no_rope_layers: list[int] | None = None
@@ -142,8 +145,9 @@ def kind_of(config: DecoderConfig, spec: LayerSpec) -> LayerKind:
     if spec.rope is None:
         return LayerKind(spec.window, jnp.zeros((config.head_dim // 2,), jnp.float32))
     theta, scaling = json.loads(spec.rope)
-    return LayerKind(spec.window, rope_inv_freq(config.model_copy(update={"rope_theta": theta,
-                                                                          "rope_scaling": scaling})))
+    typed = config.model_copy(update={"rope_theta": theta, "rope_scaling": scaling})
+    scale = rope_attention_factor(typed) if getattr(config, "rope_factor_per_layer_type", False) else 1.0
+    return LayerKind(spec.window, rope_inv_freq(typed), scale)
 
 
 def layer_kinds(config: DecoderConfig) -> tuple[tuple[LayerKind, ...], list[int]]:

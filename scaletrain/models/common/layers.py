@@ -55,8 +55,9 @@ class Attention(nnx.Module):
         self.q_norm = self._head_norm(config, dtype, param_dtype)
         self.k_norm = self._head_norm(config, dtype, param_dtype)
         # softmax scale; None is 1/sqrt(head_dim) (Gemma 3 sets query_pre_attn_scalar ** -0.5); YaRN's attention
-        # factor scales the rotated queries and keys, so the scores by its square
-        factor = rope_attention_factor(config)
+        # factor scales the rotated queries and keys, so the scores by its square (unless it differs by layer
+        # type: then each kind's RoPE tables carry it, models/common/inputs.py's LayerKind)
+        factor = 1.0 if getattr(config, "rope_factor_per_layer_type", False) else rope_attention_factor(config)
         self.scale: float | None = None if factor == 1.0 else factor**2 / d**0.5
         # one learned logit per query head in every softmax's denominator (GPT-OSS); None: none
         self.sinks = self._sink_param(config, param_dtype, rngs)

@@ -1,7 +1,10 @@
 """OLMo 3: OLMo 2's post-norm block with sliding windows on three layers of four (``layer_types``).
 
 Each layer type has its own RoPE in transformers' config (``rope_parameters`` per type): the full layers
-take ``rope_scaling`` when there is one, the sliding layers never do, and both share ``rope_theta``.
+take ``rope_scaling`` when there is one (the released OLMo 3 folders: YaRN, factor 8 over 8192 positions),
+the sliding layers never do, and both share ``rope_theta``. YaRN's attention factor is then the full
+layers' alone: it scales their RoPE tables, as transformers scales their cos and sin
+(``rope_factor_per_layer_type``), and leaves the sliding layers' scores as they are.
 """
 
 from __future__ import annotations
@@ -27,16 +30,13 @@ from scaletrain.models.hf_family import HFFamily, Refuse, rope_from_hf, rope_to_
 from scaletrain.models.olmo2 import olmo_fields, olmo_kwargs, olmo_num_params, refuse_llama_only
 
 
-#: OLMo 3 scales only its full layers' scores by YaRN's attention factor; our attention scales every layer's
-YARN_REFUSAL = ("rope type 'yarn' is not supported for olmo3 yet (OLMo 3 applies YaRN's attention factor to its "
-                "full layers only, ours would scale the sliding layers too)")
-
 
 class Olmo3Config(LayerTypedConfig):
     """OLMo 3: OLMo 2's fields, a window on the ``sliding_attention`` layers (every fourth layer full by default)."""
 
     model_type: ClassVar[str] = "olmo3"
     layer_type_names: ClassVar[tuple[str, ...]] = (FULL_ATTENTION, SLIDING_ATTENTION)
+    rope_factor_per_layer_type: ClassVar[bool] = True
 
     vocab_size: int = 50304
     rms_norm_eps: float = 1e-5
@@ -56,8 +56,6 @@ class Olmo3Config(LayerTypedConfig):
         refuse_llama_only(self)
         if self.no_rope_layers is not None:
             raise ValueError("no_rope_layers is not an OLMo 3 option (every layer has RoPE)")
-        if (self.rope_scaling or {}).get("rope_type") == "yarn":
-            raise ValueError(YARN_REFUSAL)
         return self
 
     def type_rope(self, layer_type: str) -> RoPE:
@@ -87,8 +85,6 @@ def _from_hf(hf: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: rope_parameters {rope!r}: expected one entry per layer type "
                           f"({FULL_ATTENTION}, {SLIDING_ATTENTION})")
     theta, scaling = rope_from_hf(rope[FULL_ATTENTION], where, f"rope_parameters.{FULL_ATTENTION}")
-    if (scaling or {}).get("rope_type") == "yarn":
-        raise ConfigError(f"{where}: rope_parameters.{FULL_ATTENTION}: {YARN_REFUSAL}")
     local_theta, local_scaling = rope_from_hf(rope[SLIDING_ATTENTION], where, f"rope_parameters.{SLIDING_ATTENTION}")
     if local_scaling is not None or local_theta != theta:
         raise ConfigError(f"{where}: rope_parameters.{SLIDING_ATTENTION}: only the default rope type with the full "
@@ -108,12 +104,15 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 OLMO3 = HFFamily("Olmo3ForCausalLM", "Olmo3Config", Olmo3Config, _from_hf, _to_hf)
 #: a sliding layer (window 8, shorter than the test rows and prompts) then a full one; the variant: the default
-#: pattern (three sliding layers, then a full one) with the full layers' RoPE linearly scaled by 4, a tied head
+#: pattern (three sliding layers, then a full one) with YaRN on the full layers as the released OLMo 3 folders
+#: have it (their keys, the context 4x the original here), a tied head
 register(OLMO3, Olmo3ForCausalLM, Olmo3Model, conformance=FamilyConformance(
     hf=dict(layer_types=[SLIDING_ATTENTION, FULL_ATTENTION], sliding_window=8),
-    variants={"rope-linear-full": dict(
+    variants={"yarn-full": dict(
         num_hidden_layers=4, sliding_window=8, tie_word_embeddings=True,
-        rope_parameters={FULL_ATTENTION: {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+        rope_parameters={FULL_ATTENTION: {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                          "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                                          "attention_factor": 1.2079441541679836},
                          SLIDING_ATTENTION: {"rope_type": "default", "rope_theta": 10000.0}})}))
 
 __all__ = ["OLMO3", "Olmo3Config", "Olmo3ForCausalLM", "Olmo3Model"]
