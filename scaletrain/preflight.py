@@ -68,6 +68,12 @@ def mesh_problems(recipe: Recipe, config: Any) -> list[str]:
     if ep > 1 and not experts:  # its devices would each compute the same replica: refused, not wasted
         out.append(f"mesh.axis_dims={list(recipe.mesh.axis_dims)} puts {ep} devices on ep (expert parallelism), but "
                    f"{config.model_type} has no experts; put them on fsdp or dp instead")
+    sp = shape.get("sp", 1)
+    if sp > 1 and "linear_attention" in (getattr(config, "layer_types", None) or ()):
+        # the recurrence runs along the whole sequence; passing its state across sequence shards is not built
+        out.append(f"mesh.axis_dims={list(recipe.mesh.axis_dims)} splits each sequence over sp={sp}, but "
+                   f"{config.model_type}'s linear-attention layers (Gated DeltaNet) need whole sequences; set sp to 1 "
+                   "and put the devices on fsdp or dp")
     return out
 
 

@@ -136,3 +136,24 @@ def test_one_grpo_step_on_a_tiny_hybrid_samples_with_the_per_kind_cache_and_upda
     assert np.isfinite(record["loss"]) and record["reward_std"] > 0
     assert record["rollout/logprob_diff_max"] <= 1e-5
     assert record["grad_norm"] > 0 and record["learning_rate"] > 0  # an update was applied
+
+
+def test_sequence_parallel_is_refused_in_one_line_naming_the_mesh(hybrid, tmp_path) -> None:
+    """The delta rule's state runs along the whole sequence, so sp > 1 is refused: by the recipe's preflight
+    (before any data is read) naming mesh.axis_dims, and by the forward itself for a model loaded on such a
+    mesh (the Python API), naming sharding_axis_dims."""
+    from scaletrain.preflight import mesh_problems
+
+    config = AutoModelForCausalLM.from_pretrained(hybrid[1]).config
+    recipe = Recipe.from_dict({"model": {"type": "qwen3_5_text", "pretrained": hybrid[1]},
+                               "mesh": {"axis_dims": [1, -1, 1, 1, 2]},
+                               "training": {"total_batch_size": 8, "max_length": 16, "output_dir": str(tmp_path)}})
+    problems = [p for p in mesh_problems(recipe, config) if "sp=2" in p]
+    assert problems == ["mesh.axis_dims=[1, -1, 1, 1, 2] splits each sequence over sp=2, but qwen3_5_text's "
+                        "linear-attention layers (Gated DeltaNet) need whole sequences; set sp to 1 and put the "
+                        "devices on fsdp or dp"]
+    model = AutoModelForCausalLM.from_pretrained(hybrid[1], sharding_axis_dims=(1, 4, 1, 1, 2))
+    with pytest.raises(ConfigError) as refused:
+        our_logits(model, np.ones((2, 8), np.int32))
+    assert str(refused.value).startswith("sharding_axis_dims") and "set the sp axis to 1" in str(refused.value)
+    assert "\n" not in str(refused.value)

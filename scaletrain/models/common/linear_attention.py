@@ -125,8 +125,8 @@ class GatedDeltaNet(nnx.Module):
         by the chunked rule and T = 1 a decode step by the recurrent one.
         """
         if active_axis_size(active_placement().partition_axis.sequence_axis) > 1:
-            raise ConfigError("sharding_axis_dims: linear-attention layers (Gated DeltaNet) need whole sequences; "
-                              "set the sp axis to 1")
+            raise ConfigError("sharding_axis_dims (a recipe's mesh.axis_dims): linear-attention layers (Gated "
+                              "DeltaNet) need whole sequences; set the sp axis to 1")
         b, t, _ = x.shape
         doc = inputs.segment_ids
         qkv, z, beta_in, a = self.project(x)
