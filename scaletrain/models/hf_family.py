@@ -89,7 +89,8 @@ def base_fields(hf: Any, where: str, *, rope: bool = True) -> dict[str, Any]:
     fields: dict[str, Any] = dict(
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,
-        intermediate_size=hf.intermediate_size,
+        # None where a family has no dense MLP (Qwen3.5-MoE's config lacks the key): that family sets it
+        intermediate_size=getattr(hf, "intermediate_size", None),
         num_hidden_layers=hf.num_hidden_layers,
         num_attention_heads=hf.num_attention_heads,
         num_key_value_heads=hf.num_key_value_heads or hf.num_attention_heads,

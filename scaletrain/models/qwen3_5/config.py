@@ -80,8 +80,8 @@ class Qwen3_5TextConfig(LayerTypedConfig):
         """How many layers are full attention."""
         return self.layer_types.count(FULL_ATTENTION)
 
-    @property
-    def num_params(self) -> int:
+    def _count(self, active: bool) -> int:
+        """All parameters (``active``: a token's, the routed experts it does not use left out)."""
         h, d = self.hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
         full = 2 * h * q + 2 * h * kv + q * h + 2 * d  # q_proj holds the gate too; q/k norms
@@ -92,11 +92,24 @@ class Qwen3_5TextConfig(LayerTypedConfig):
         conv = 2 * key + value
         linear = (h * conv + h * value + 2 * h * self.linear_num_value_heads + conv * self.linear_conv_kernel_dim
                   + 2 * self.linear_num_value_heads + self.linear_value_head_dim + value * h)
-        per_layer = 3 * h * self.intermediate_size + 2 * h
-        layers = (self.num_hidden_layers * per_layer + self.full_layers * full
+        mlps = sum(self.mlp_params(i, active) for i in range(self.num_hidden_layers))
+        layers = (self.num_hidden_layers * 2 * h + mlps + self.full_layers * full
                   + (self.num_hidden_layers - self.full_layers) * linear)
         head = 0 if self.tie_word_embeddings else h * self.vocab_size
         return self.vocab_size * h + layers + h + head
+
+    def mlp_params(self, index: int, active: bool) -> int:
+        """Layer ``index``'s feed-forward parameters (``active``: those one token computes with): a SwiGLU here;
+        the MoE families (:mod:`scaletrain.models.qwen3_5_moe`) count their experts."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def num_params(self) -> int:
+        return self._count(active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        return self._count(active=True)
 
     def flops_per_token(self, seq_len: int) -> float:
         """6 x matmul parameters, plus causal attention on the full layers only, plus the linear layers'

@@ -75,15 +75,16 @@ class Qwen3_5DecoderLayer(nnx.Module):
         shape = (batch, max_length, config.num_key_value_heads, config.head_dim)
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
-    def _ffn(self, x: Array) -> tuple[Array, dict[str, Any]]:
-        """The MLP's output and its auxiliary outputs (none for a dense MLP)."""
+    def _ffn(self, x: Array, inputs: LayerInputs) -> tuple[Array, dict[str, Any]]:
+        """The MLP's output and its auxiliary outputs (none for a dense MLP; a mixture of experts' router
+        statistics leave out the padding ``inputs.valid`` marks)."""
         return self.mlp(x), {}
 
     def __call__(self, x: Array, inputs: LayerInputs, cache: Any = None) -> tuple[Array, dict[str, Any], Any]:
         mixer = self.linear_attn if self.linear else self.self_attn
         mixed, cache = mixer(self.input_layernorm(x), inputs, cache)
         x = x + mixed
-        out, aux = self._ffn(self.post_attention_layernorm(x))
+        out, aux = self._ffn(self.post_attention_layernorm(x), inputs)
         return x + out, aux, cache
 
 
