@@ -43,9 +43,10 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 QWEN3_5_MOE_TEXT = HFFamily("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", Qwen3_5MoeTextConfig,
                             moe_hybrid_from_hf, _to_hf)
-#: the hybrid's four layers, each with top-2 of 8 small experts and a wider shared expert
-MOE_CONFORMANCE = dict(HYBRID_CONFORMANCE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                       shared_expert_intermediate_size=24)
+#: a linear and a full layer (full_attention_interval 2: the 3 : 1 pattern is qwen3_5_text's row; two layers keep
+#: the row's compile short), each with top-2 of 8 small experts and a wider shared expert
+MOE_CONFORMANCE = dict(HYBRID_CONFORMANCE, num_hidden_layers=2, full_attention_interval=2, num_experts=8,
+                       num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
 # the released folders are vision-language ones (qwen3_5_moe): they load as their language model. LoRA on the
 # attention projections: transformers' experts are fused tensors and its router no nn.Linear (PEFT's
 # "all-linear" names other layers than ours). Experts over ep = 2, heads over tp = 2

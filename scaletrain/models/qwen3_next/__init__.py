@@ -35,14 +35,14 @@ def _to_hf(config: DecoderConfig, refuse: Refuse) -> dict[str, Any]:
 
 
 QWEN3_NEXT = HFFamily("Qwen3NextForCausalLM", "Qwen3NextConfig", Qwen3NextConfig, _from_hf, _to_hf)
-# the MoE hybrid's row with the top-2 weights not renormalised and the second (linear) layer dense
+# linear, full, linear: the top-2 weights not renormalised, the last (linear) layer dense
 register(QWEN3_NEXT, Qwen3NextForCausalLM, conformance=FamilyConformance(
-    hf={**MOE_CONFORMANCE, "norm_topk_prob": False, "mlp_only_layers": [1]},
+    hf={**MOE_CONFORMANCE, "num_hidden_layers": 3, "norm_topk_prob": False, "mlp_only_layers": [2]},
     load=dict(sharding_axis_dims=(1, 2, 2, 2, 1)), lora="attention", scan_layers=False,
-    # linear, full, linear, full: every second layer dense (decoder_sparse_step 2), one key head for 4 value
-    # heads, a tied head, attention biases
-    variants={"sparse-step-tied": {**MOE_CONFORMANCE, "full_attention_interval": 2, "decoder_sparse_step": 2,
-                                   "linear_num_key_heads": 1, "tie_word_embeddings": True, "attention_bias": True}}))
+    # linear then full: the first layer dense by decoder_sparse_step 2, one key head for 4 value heads, a tied
+    # head, attention biases
+    variants={"sparse-step-tied": {**MOE_CONFORMANCE, "decoder_sparse_step": 2, "linear_num_key_heads": 1,
+                                   "tie_word_embeddings": True, "attention_bias": True}}))
 
 __all__ = ["QWEN3_NEXT", "Qwen3NextConfig", "Qwen3NextDecoderLayer", "Qwen3NextForCausalLM",
            "Qwen3NextGatedDeltaNet", "Qwen3NextModel"]
