@@ -54,8 +54,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 #: a document alone at the start of a row vs the same document later in a packed row: measured at most
-#: 1.1e-6 of the largest logit (Gemma 3), so 1e-5
-MOVED_TOL = 1e-5
+#: 1.1e-6 of the largest logit for the attention-only families (Gemma 3); in the Gated DeltaNet hybrids the moved
+#: document sits elsewhere in the delta rule's chunk, so its triangular solve sums in another order: measured
+#: up to 1.3e-5 (qwen3_next's row), so 3e-5, still below the parity bound and 100x below a leak's effect
+MOVED_TOL = 3e-5
 #: scanned vs unrolled layers, the same float32 arithmetic fused differently: measured at most 4.7e-6
 #: (Gemma 3, whose stacked layers pick their kind with a lax.cond), 1.4e-6 elsewhere, so 2e-5
 SCAN_TOL = 2e-5
