@@ -99,7 +99,19 @@ GPT_OSS_20B: dict[str, Any] = dict(
     sliding_window=128, num_local_experts=32, num_experts_per_tok=4, swiglu_limit=7.0, attention_bias=True,
     router_aux_loss_coef=0.9, tie_word_embeddings=False,
 )
-MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B, "gemma3-1b": GEMMA3_1B, "gpt-oss-20b": GPT_OSS_20B}
+#: Qwen3.5-35B-A3B's language model (Qwen/Qwen3.5-35B-A3B's text_config): 40 layers, three Gated DeltaNet layers
+#: to one gated full-attention layer, each MLP top-8 of 256 experts plus a gated shared expert; 34.66B parameters,
+#: 3.3B active. Its two layer kinds hold different parameters, so no scan_layers
+QWEN3_5_35B_A3B: dict[str, Any] = dict(
+    model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+    num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256, num_experts_per_tok=8,
+    moe_intermediate_size=512, shared_expert_intermediate_size=512, max_position_embeddings=262144,
+    rms_norm_eps=1e-6, rope_theta=1e7, partial_rotary_factor=0.25, router_aux_loss_coef=0.001,
+    tie_word_embeddings=False,
+)
+MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B, "gemma3-1b": GEMMA3_1B, "gpt-oss-20b": GPT_OSS_20B,
+          "qwen3.5-35b-a3b": QWEN3_5_35B_A3B}
 
 
 def platform_of(target: str) -> str:
@@ -257,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--dims", default=None,
                    help="sharding_axis_dims dp,fsdp,ep,tp,sp (default: all devices on fsdp)")
     p.add_argument("--model", default="1b", choices=sorted(MODELS),
-                   help="architecture (Llama-3.2-1B, Llama-3.1-8B, Gemma-3-1B, GPT-OSS-20B)")
+                   help="architecture (Llama-3.2-1B, Llama-3.1-8B, Gemma-3-1B, GPT-OSS-20B, Qwen3.5-35B-A3B)")
     p.add_argument("--layers", type=int, default=None,
                    help="num_hidden_layers instead of the model's own (16 for 1b): how compile time and host "
                         "memory grow with depth")
