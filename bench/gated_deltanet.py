@@ -5,8 +5,11 @@ implementation on the same shapes, and a decode step's cost against the sequence
 
 Training: :func:`scaletrain.models.common.gated_delta_rule.chunk_gated_delta_rule` (jitted, ``jax.vjp``) and
 ``transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule`` (the fallback transformers runs
-without the flash-linear-attention kernels, eager torch, ``backward``), alternated in bursts in one process
-(A B A B ...), both checked to give the same outputs and input gradients first. Decoding: one token's
+without the flash-linear-attention kernels, eager torch, ``backward``), alternated in bursts (A B A B ...),
+both checked to give the same outputs and input gradients first. torch runs in a child process (spawned, the
+two taking turns over a pipe, never at once): in one process, XLA's next computation after torch's first
+multi-threaded backward sat in futex waits for good on this machine (a thread-pool deadlock between the two
+runtimes), at the default shapes. Decoding: one token's
 recurrent update (a fixed-size state) against one token of softmax attention over a KV cache of the same
 length (the shared einsum path), at several lengths: the linear layer's cost stays flat, attention's grows.
 """
@@ -39,6 +42,35 @@ def _median_seconds(run: Any, rounds: int, steps: int) -> float:
     return statistics.median(times)
 
 
+def _torch_side(conn: Any, arrays: tuple[Any, ...]) -> None:
+    """The child process: transformers' chunked rule, forward + backward on ``arrays`` (q, k, v, g, beta and the
+    output cotangent), on demand: ``"check"`` sends the outputs and input gradients, an int n runs n steps and
+    sends the wall seconds per step, None ends."""
+    import torch
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    *inputs, cot = arrays
+    leaves = [torch.from_numpy(x).requires_grad_() for x in inputs]
+    torch_cot = torch.from_numpy(cot)
+
+    def step() -> Any:
+        for x in leaves:
+            x.grad = None
+        out, _ = torch_chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True)
+        out.backward(torch_cot)
+        return out.detach().numpy(), [x.grad.numpy() for x in leaves]
+
+    conn.send(torch.get_num_threads())
+    while (order := conn.recv()) is not None:
+        if order == "check":
+            conn.send(step())
+            continue
+        t0 = time.perf_counter()
+        for _ in range(order):
+            step()
+        conn.send((time.perf_counter() - t0) / order)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=2)
@@ -52,11 +84,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", help="write the result as JSON here")
     a = p.parse_args(argv)
 
+    import multiprocessing
+
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import torch
-    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     from scaletrain.models.common.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
     from scaletrain.models.kernels.attention import dot_product_attention
@@ -74,28 +106,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return out, vjp(jnp.asarray(cot))
 
     arrays = [jnp.asarray(x) for x in (q, k, v, g, beta)]
-    leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v, g, beta)]
-    torch_cot = torch.from_numpy(cot)
-
-    def torch_step() -> Any:
-        for x in leaves:
-            x.grad = None
-        out, _ = torch_chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True)
-        out.backward(torch_cot)
-        return out.detach().numpy(), [x.grad.numpy() for x in leaves]
-
-    ours, theirs = jax.block_until_ready(jax_step(*arrays)), torch_step()
-    worst = max(float(np.max(np.abs(np.asarray(x) - y)) / np.max(np.abs(y)))
-                for x, y in zip([ours[0], *ours[1]], [theirs[0], *theirs[1]], strict=True))
-    runs = {"jax": lambda: jax_step(*arrays), "torch": lambda: (torch_step(), None)[1]}
-    for run in runs.values():
-        jax.block_until_ready(run())
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(a.rounds):  # A B A B: both see the same machine
-        for name, run in runs.items():
-            times[name].append(_median_seconds(run, 1, a.steps))
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    child = context.Process(target=_torch_side, args=(child_conn, (q, k, v, g, beta, cot)), daemon=True)
+    child.start()
+    torch_threads = conn.recv()
+    try:
+        ours = jax.block_until_ready(jax_step(*arrays))
+        conn.send("check")
+        theirs = conn.recv()
+        worst = max(float(np.max(np.abs(np.asarray(x) - y)) / np.max(np.abs(y)))
+                    for x, y in zip([ours[0], *ours[1]], [theirs[0], *theirs[1]], strict=True))
+        jax.block_until_ready(jax_step(*arrays))
+        times: dict[str, list[float]] = {"jax": [], "torch": []}
+        for _ in range(a.rounds):  # A B A B: both see the same machine, never at once
+            times["jax"].append(_median_seconds(lambda: jax_step(*arrays), 1, a.steps))
+            conn.send(a.steps)
+            times["torch"].append(conn.recv())
+    finally:
+        conn.send(None)
+        child.join(timeout=60)
     result: dict[str, Any] = {"config": {**vars(a), "backend": jax.default_backend(),
-                                         "torch_threads": torch.get_num_threads()}}
+                                         "torch_threads": torch_threads, "torch_process": "spawned child"}}
     result["train_jax_s"] = statistics.median(times["jax"])
     result["train_torch_s"] = statistics.median(times["torch"])
     result["train_jax_over_torch_speed"] = result["train_torch_s"] / result["train_jax_s"]
