@@ -54,7 +54,7 @@ def load_checkpoint_model(
                                   f"available: {checkpointer.all_steps()}")
         meta = checkpointer.read_meta(step)
         config_dict = dict(meta["config"])
-        config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"))
+        config_class, module_class = get_modules_by_type(config_dict.get("model_type", "llama"), _task(meta))
         try:
             config = config_class.from_dict({**config_dict, **(config_overrides or {})})
             args = TrainingArguments(**meta["arguments"])
@@ -143,3 +143,12 @@ def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, max_s
     if lora_config_of(model) is not None and not merge:
         return save_peft_adapter(model, out_dir)
     return save_hf_checkpoint(merge_lora(model), out_dir, tokenizer=tokenizer_for(meta), max_shard_size=max_shard_size)
+
+
+def _task(meta: dict[str, Any]) -> str:
+    """The task of the model a checkpoint holds: its objective's (a reward run's: the score-head model)."""
+    from scaletrain.models.task import CAUSAL_LM
+    from scaletrain.objectives.registry import get_objective_type, objective_types
+
+    name = (meta.get("objective") or {}).get("name")
+    return get_objective_type(name).model_task if name in objective_types() else CAUSAL_LM

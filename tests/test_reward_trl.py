@@ -105,3 +105,36 @@ def test_eval_of_pairs_with_a_reward_model_folder_scores_trls_eval_accuracy_and_
     assert ours["objective"] == "reward"
     for name in ("eval_loss", "eval_accuracy", "eval_margin"):
         assert math.isclose(ours[name], theirs[name], rel_tol=1e-4, abs_tol=1e-5), (name, ours[name], theirs[name])
+
+
+def test_a_reward_runs_checkpoint_exports_as_a_transformers_sequence_classifier(reward_folder, tmp_path):
+    """``scaletrain export`` of a reward run writes the score head: transformers loads the folder as
+    ``AutoModelForSequenceClassification`` and scores as the model it started from (learning rate 0)."""
+    import numpy as np
+    import transformers
+
+    from scaletrain.export import export_checkpoint
+    from scaletrain.recipe import Recipe
+    from scaletrain.run import run_training
+
+    folder, tokenizer = reward_folder
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in _pairs()))
+    out = tmp_path / "run"
+    run_training(Recipe.from_dict({
+        "model": {"pretrained": folder},
+        "data": {"source": str(source), "kind": "preference", "eval_fraction": 0.0},
+        "objective": {"type": "reward"},
+        "training": {"output_dir": str(out), "total_batch_size": 8, "max_length": 12, "learning_rate": 0.0,
+                     "warmup_steps": 0, "max_training_steps": 1, "log_steps": 1, "do_eval": False,
+                     "save_at_end": True, "progress_bar": False},
+    }))
+    export_checkpoint(str(out), str(tmp_path / "export"))
+    inputs = tokenizer(["what is two plus three five</s>", "say hello goodbye</s>"], return_tensors="pt",
+                       padding=True)
+    scores = []
+    for path in (folder, str(tmp_path / "export")):
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+        with torch.no_grad():
+            scores.append(model(**inputs).logits[:, 0].numpy())
+    np.testing.assert_allclose(scores[1], scores[0], rtol=1e-5, atol=1e-6)
