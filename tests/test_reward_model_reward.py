@@ -74,3 +74,14 @@ def test_one_grpo_step_runs_with_a_reward_model_beside_a_python_reward(reward_fo
     assert np.isfinite(record["rewards/rm/mean"]) and record["rewards/rm/mean"] != 0
     assert record["reward"] == pytest.approx(record["rewards/rm/mean"] + 0.5 * record["rewards/format_regex/mean"],
                                              abs=1e-5)
+
+
+def test_a_reward_model_of_another_tokenizer_is_refused_in_one_line(reward_folder, tmp_path):
+    from preference_testing import word_tokenizer
+    from scaletrain.errors import ConfigError
+    from scaletrain.rl.rewards import load_rewards
+
+    other = word_tokenizer(str(tmp_path / "other"), bos=True)  # one token more
+    with pytest.raises(ConfigError, match=r"reward_funcs\[0\]\.model=.*its tokenizer \(\d+ tokens\) is not the "
+                                          r"policy's"):
+        load_rewards([{"model": reward_folder}], tokenizer=other)

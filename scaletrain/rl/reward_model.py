@@ -9,6 +9,7 @@ score read at the last non-padding token (:mod:`scaletrain.models.common.score_h
 jitted program on the devices the policy trains on (the model's mesh over all of them), rows padded to a
 multiple of :data:`LENGTH_BUCKET` tokens so a run compiles it a few times, not once per step.
 
+Its tokenizer must be the policy's (the same vocabulary), else the run is refused in one line.
 Limits: one process (a multi-process run scores each process's rows on the host, which a global forward does
 not fit: refused in one line); the model is loaded on the first call, not recorded in checkpoints beside the
 reference (a resume compares the ``reward_funcs`` entry, the folder's path, not its weights).
@@ -51,10 +52,26 @@ def reward_model_folder(folder: Any, field: str) -> str:
 class ModelReward:
     """A TRL-signature reward function that scores with a reward model's folder (see the module)."""
 
-    def __init__(self, folder: str, field: str = "reward_funcs[0]"):
+    def __init__(self, folder: str, field: str = "reward_funcs[0]", policy_tokenizer: Any = None):
         self.folder = reward_model_folder(folder, field)
         self.__name__ = os.path.basename(os.path.normpath(self.folder))
         self._loaded: tuple[Any, Any, Any, Any] | None = None
+        if policy_tokenizer is not None:
+            self.check_tokenizer(policy_tokenizer, field)
+
+    def check_tokenizer(self, policy_tokenizer: Any, field: str) -> None:
+        """ConfigError naming ``field`` unless the reward model's vocabulary is the policy's (a check TRL, which
+        re-tokenizes the text, leaves to the user: a reward model of another tokenizer family is most often a
+        wrong folder)."""
+        from transformers import AutoTokenizer
+
+        mine = AutoTokenizer.from_pretrained(self.folder).get_vocab()
+        theirs = policy_tokenizer.get_vocab()
+        if mine != theirs:
+            differ = len(set(mine.items()) ^ set(theirs.items()))
+            raise ConfigError(f"{field}.model={self.folder!r}: its tokenizer ({len(mine)} tokens) is not the "
+                              f"policy's ({len(theirs)} tokens, {differ} entries differ); use a reward model trained "
+                              "from the policy's tokenizer family")
 
     def _load(self) -> tuple[Any, Any, Any, Any]:
         import jax

@@ -163,7 +163,8 @@ def recorded_spec(spec: Any) -> Any:
     return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
 
 
-def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str] = ()) -> RewardFunction:
+def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str] = (),
+                tokenizer: Any = None) -> RewardFunction:
     """A reward from a recipe entry (a name, ``{function: name, **options}``) or a callable; a
     ``module:function`` is looked for in ``folders`` (a recipe's folder), then the working directory,
     then on ``sys.path``."""
@@ -178,7 +179,7 @@ def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str
         extra = sorted(set(spec) - {"model", "name"})
         if extra:
             raise ConfigError(f"{field}: a reward model entry takes model (and name), not {extra}")
-        fn = ModelReward(spec["model"], field)
+        fn = ModelReward(spec["model"], field, tokenizer)
         return RewardFunction(str(spec.get("name", fn.__name__)), fn)
     if isinstance(spec, Mapping) and isinstance(spec.get("function"), str):
         options = {k: v for k, v in spec.items() if k != "function"}
@@ -190,13 +191,14 @@ def load_reward(spec: Any, field: str = "reward_funcs[0]", folders: Sequence[str
 
 
 def load_rewards(specs: Sequence[Any] | Any, weights: Sequence[float] | None = None, folders: Sequence[str] = (),
-                 field: str = "reward_funcs") -> tuple[list[RewardFunction], list[float]]:
+                 field: str = "reward_funcs", tokenizer: Any = None) -> tuple[list[RewardFunction], list[float]]:
     """The rewards and their weights (``reward_weights``; 1.0 each by default, one per function); ``folders``
-    as for :func:`load_reward`; ``field``: the list's name in messages (a recipe's ``objective.reward_funcs``)."""
+    as for :func:`load_reward`; ``field``: the list's name in messages (a recipe's ``objective.reward_funcs``);
+    ``tokenizer``: the policy's, which a reward model's must equal."""
     specs = list(specs) if isinstance(specs, (list, tuple)) else [specs]
     if not specs:
         raise ConfigError(f"{field}: list at least one reward function")
-    funcs = [load_reward(s, f"{field}[{i}]", folders) for i, s in enumerate(specs)]
+    funcs = [load_reward(s, f"{field}[{i}]", folders, tokenizer) for i, s in enumerate(specs)]
     if weights is None:
         return funcs, [1.0] * len(funcs)
     if len(weights) != len(funcs):

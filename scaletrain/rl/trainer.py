@@ -142,6 +142,7 @@ class GRPOTrainer(Trainer):
         if tokenizer is None:
             raise ConfigError("GRPOTrainer needs a tokenizer: completions are decoded for the reward functions")
         self.prompts_per_step = check_batch_size(arguments.total_batch_size, o.num_generations)
+        self.policy_tokenizer = tokenizer  # a reward model's must equal it (configure_rewards)
         self.configure_rewards(reward_funcs if reward_funcs is not None else o.reward_funcs)
         if isinstance(dataset_train, list) and dataset_train and isinstance(dataset_train[0], PromptRow):
             rows = [r if o.max_prompt_length is None else dataclasses.replace(
@@ -170,7 +171,8 @@ class GRPOTrainer(Trainer):
     def configure_rewards(self, specs: Any) -> None:
         """``reward_functions``, ``reward_weights`` and the ``reward_specs`` checkpoints record, from ``specs`` (the
         ``reward_funcs=`` argument, else the options'); a trainer that scores no rewards (distillation) sets none."""
-        self.reward_functions, self.reward_weights = load_rewards(specs, self.options.reward_weights)
+        self.reward_functions, self.reward_weights = load_rewards(specs, self.options.reward_weights,
+                                                                  tokenizer=self.policy_tokenizer)
         self.reward_specs = [recorded_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
 
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
