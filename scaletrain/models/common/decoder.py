@@ -21,8 +21,10 @@ from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from scaletrain.errors import ConfigError
 from scaletrain.models.kernels.attention import KVCache
-from scaletrain.models.common.inputs import LayerKind, PreparedInputs, cache_inputs, training_inputs
+from scaletrain.models.kernels.paged_attention import PagedKVCache, PageTable
+from scaletrain.models.common.inputs import LayerKind, PreparedInputs, cache_inputs, paged_inputs, training_inputs
 from scaletrain.models.common.layer_loop import by_kind, loop_layers
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.layer_types import layer_kinds
@@ -258,6 +260,41 @@ class CausalLM(nnx.Module):
         """
         kinds, _ = self.layer_kinds()
         hidden, _, cache = self.forward(cache_inputs(kinds, input_ids, positions, start, kv_valid), cache)
+        return hidden, cache
+
+    def init_paged_cache(self, slots: int, num_pages: int, page_size: int, dtype: Any = None) -> Cache:
+        """Empty per-layer state for decoding ``slots`` sequences over a paged cache: a page pool
+        (:class:`PagedKVCache` [num_pages, page_size, kv_heads, head_dim]) for every layer whose
+        :meth:`init_cache` state is keys and values, and that state itself, one row per slot, for a layer
+        whose state has a fixed size (a linear-attention layer's recurrent and convolution state).
+
+        A layer whose state grows with the sequence but is not keys and values (multi-head latent
+        attention's) has no paged form yet: refused with a :class:`ConfigError`."""
+        cfg = self.config
+        dtype = self.dtype if dtype is None else dtype
+        pool = (num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim)
+        if isinstance(self.model.layers, StackedLayers):
+            stacked = (cfg.num_hidden_layers, *pool)
+            return PagedKVCache(jnp.zeros(stacked, dtype), jnp.zeros(stacked, dtype))
+        one, two = (jax.eval_shape(lambda n=n: self.init_cache(1, n, dtype)) for n in (1, 2))
+        out: list[Any] = []
+        for i, (short, long) in enumerate(zip(one, two)):
+            if isinstance(short, KVCache):
+                out.append(PagedKVCache(jnp.zeros(pool, dtype), jnp.zeros(pool, dtype)))
+            elif any(jax.tree.leaves(jax.tree.map(lambda a, b: a.shape != b.shape, short, long))):
+                raise ConfigError(f"rollout_engine: layer {i} of {cfg.model_type} keeps a {type(short).__name__} "
+                                  "that grows with the sequence and has no paged form; use the static engine")
+            else:
+                out.append(jax.tree.map(lambda a: jnp.zeros((slots, *a.shape[1:]), a.dtype), short))
+        return out
+
+    def forward_paged(self, input_ids: Array, cache: Cache, pages: PageTable) -> tuple[Array, Cache]:
+        """Final-norm hidden states [slots, 1, hidden] of one token per slot decoded over a paged cache
+        (:meth:`init_paged_cache`), written at position ``pages.lengths``, and the updated cache."""
+        kinds, _ = self.layer_kinds()
+        pools = jax.tree.leaves(cache, is_leaf=lambda c: isinstance(c, PagedKVCache))
+        size = next(c.keys.shape[-3] for c in pools if isinstance(c, PagedKVCache))
+        hidden, _, cache = self.forward(paged_inputs(kinds, input_ids, pages, size), cache)
         return hidden, cache
 
     # -- Hugging Face format ------------------------------------------------------------

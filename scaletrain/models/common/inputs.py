@@ -25,6 +25,7 @@ from scaletrain.models.kernels.attention import (
     rope_tables,
 )
 from scaletrain.models.common.config import DecoderConfig
+from scaletrain.models.kernels.paged_attention import PageTable, paged_mask
 from scaletrain.models.kernels.flash_sharding import training_mechanism, zigzag_inputs
 
 Array = jax.Array
@@ -57,6 +58,7 @@ class LayerInputs(NamedTuple):
     start: Array | None = None  # the cache slot of the first token when decoding, else None
     # [B, T] the documents (0: padding) in the layer's row order: where linear-attention layers restart
     segment_ids: Array | None = None
+    pages: PageTable | None = None  # where each slot's keys live, decoding over a paged cache
 
 
 class PreparedInputs(NamedTuple):
@@ -104,4 +106,18 @@ def cache_inputs(kinds: tuple[LayerKind, ...], input_ids: Array, positions: Arra
     by_kind = tuple(LayerInputs(build_cache_mask(start, t, kv_valid, kind.window),
                                 _scaled(rope_tables(positions, kind.inv_freq), kind.rope_scale), valid, start,
                                 documents) for kind in kinds)
+    return PreparedInputs(input_ids, by_kind, None)
+
+
+def paged_inputs(kinds: tuple[LayerKind, ...], input_ids: Array, pages: PageTable, page_size: int) -> PreparedInputs:
+    """Each kind's inputs for one decode step over a paged cache: ``input_ids`` [slots, 1], each slot's
+    token at position ``pages.lengths`` (sequences start at position 0 in their first page: no padding),
+    a mask over the slot's pages (:func:`paged_mask`, with the kind's window) and RoPE at that position."""
+    positions = pages.lengths[:, None].astype(jnp.int32)
+    valid = jnp.ones(input_ids.shape, jnp.float32)
+    documents = jnp.ones(input_ids.shape, jnp.int32)
+    max_tokens = pages.table.shape[1] * page_size
+    by_kind = tuple(LayerInputs(paged_mask(pages.lengths, max_tokens, kind.window),
+                                rope_tables(positions, kind.inv_freq), valid, None, documents, pages)
+                    for kind in kinds)
     return PreparedInputs(input_ids, by_kind, None)

@@ -32,6 +32,7 @@ from scaletrain.models.common.inputs import LayerInputs
 from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.dense import Dense, RMSNorm
 from scaletrain.models.kernels.flash_attention import ATTENTION_OUTPUT
+from scaletrain.models.kernels.paged_attention import PagedKVCache, gather_pages, write_token
 from scaletrain.models.kernels.flash_sharding import sharded_flash_attention
 from scaletrain.models.kernels.fp8 import glu_product
 from scaletrain.models.common.placement import active_placement
@@ -99,11 +100,19 @@ class Attention(nnx.Module):
         (:class:`PackedSegments`: the flash kernel), a :class:`CausalWindow` or None (plain
         causal). With one, ``x`` sits at cache slots ``[inputs.start, inputs.start + T)``
         and ``inputs.mask`` [B, 1, T, S] hides the slots that are empty, padding, in the
-        future or outside the window.
+        future or outside the window. With a :class:`PagedKVCache` (the continuous-batching engine)
+        ``x`` is one token per slot, written at ``inputs.pages``' position and attending over the
+        slot's pages.
         """
         b, t, _ = x.shape
         q, k, v, gate = self._qkv_gate(x, inputs.rope)
-        if cache is not None:
+        if isinstance(cache, PagedKVCache):  # one decode step per slot over its pages (inputs.pages)
+            cache = write_token(cache, k[:, 0], v[:, 0], inputs.pages)
+            keys, values = gather_pages(cache, inputs.pages.table)
+            out = dot_product_attention(q, keys, values, inputs.mask, self.softmax_dtype, self.precision,
+                                        scale=self.scale, pin_keys=active_platform() == "cpu",
+                                        sinks=self._sink_logits())
+        elif cache is not None:
             keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), inputs.start, axis=1)
             values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), inputs.start, axis=1)
             cache = KVCache(keys, values)
