@@ -5,6 +5,9 @@
 - :mod:`~scaletrain.generation.engine`: :func:`rollout`, :class:`SamplingParams`, :class:`Rollout`,
   the compiled program per shape bucket (:class:`StaticBatchProgram`), and :class:`StaticBatchEngine`,
   the first :class:`RolloutEngine`;
+- :mod:`~scaletrain.generation.continuous`: :class:`ContinuousBatchEngine`, decode slots refilled as rows stop,
+  over a paged cache (:mod:`~scaletrain.generation.paged_programs` its programs,
+  :mod:`~scaletrain.generation.page_pool` which pages are held);
 - :mod:`~scaletrain.generation.buckets`: what is padded (prompts left-padded to a power-of-two
   length, the batch to a power of two with finished dummy rows) and the rows the trainer scores;
 - :mod:`~scaletrain.generation.sampling`: temperature / top-k / top-p, the per-row keys, and which
@@ -14,6 +17,7 @@
 """
 
 from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, PaddedBatch, bucket, left_pad, rollout_rows
+from scaletrain.generation.continuous import ContinuousBatchEngine
 from scaletrain.generation.engine import (
     Rollout,
     SamplingParams,
@@ -28,8 +32,8 @@ from scaletrain.generation.sampling import filter_logits, pick_tokens, sample_to
 from scaletrain.generation.stops import end_of_turn_id, stop_token_ids, until_stop
 
 __all__ = [
-    "MIN_PROMPT_BUCKET", "PaddedBatch", "Rollout", "RolloutEngine", "SamplingParams", "StaticBatchEngine",
-    "StaticBatchProgram", "bucket",
+    "ContinuousBatchEngine", "MIN_PROMPT_BUCKET", "PaddedBatch", "Rollout", "RolloutEngine", "SamplingParams",
+    "StaticBatchEngine", "StaticBatchProgram", "bucket",
     "end_of_turn_id", "engine_for", "filter_logits", "generate", "left_pad",
     "pick_tokens", "rollout", "rollout_rows", "sample_token", "sampling_problem", "stop_token_ids", "until_stop",
 ]

@@ -157,7 +157,8 @@ def pick_tokens(logits: jax.Array, keys: jax.Array, position: jax.Array, *, gree
         scaled = logits
     else:
         scaled = logits * inv_temperature
-        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, position)
+        position = jnp.asarray(position)  # one for all rows, or [B]: each row's own (continuous batching)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if position.ndim else None))(keys, position)
         tokens = categorical(keys, filter_logits(logits, temperature, top_k, top_p))
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
     return tokens, picked - jax.nn.logsumexp(scaled, axis=-1)

@@ -1,0 +1,154 @@
+"""Continuous batching: a fixed number of decode slots over a paged cache, refilled as rows stop.
+
+Why: a static batch keeps every row's slot and cache until its longest row stops, so on
+long-tailed completions (RL's usual case) most of the decode work is spent on finished rows.
+Here rows wait in a queue; a slot whose row stops gives its pages back and takes the next
+waiting row, so the slots stay full until the work runs out. How a request flows:
+
+1. **queue**: prompts in request order, each with its G samples (rows ``i * G .. i * G + G - 1``).
+2. **prefill**: when a slot is free, the next prompt is prefilled once (one program per
+   prompt-length bucket), whatever its G.
+3. **slot + pages**: its samples go into free slots; they share the prompt's whole pages and
+   each gets its own copy of the last, partial one (:mod:`~scaletrain.generation.paged_programs`).
+4. **decode**: one program runs up to ``decode_steps`` steps for every slot on the device, and
+   returns early only when a slot freed up and rows wait; the host reads which slots are live
+   (one small array) and refills.
+5. **done**: a row's tokens and log-probabilities are written at its request row as they are
+   drawn, so the result comes back in request order, as :class:`~scaletrain.generation.engine.Rollout`.
+
+What is compiled: ``init`` and ``decode`` once per (slots, pages, rows bucket,
+``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per prompt bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scaletrain.compile_cache import ProgramCache, model_key
+from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, bucket, left_pad, round_up_pow2
+from scaletrain.generation.engine import Rollout, SamplingParams, _mesh_of, split_source
+from scaletrain.generation.paged_programs import EngineState, PagedPrograms, Sampler
+from scaletrain.generation.sampling import inverse_temperature
+from scaletrain.peft.lora import join_trainable
+
+_PROGRAMS: ProgramCache[PagedPrograms] = ProgramCache(8)
+
+
+def programs_for(graphdef: Any, params: Any, frozen: Any = None) -> PagedPrograms:
+    """The compiled programs of ``graphdef``'s model, shared by every graph equal to it (:func:`model_key`)."""
+    return _PROGRAMS.get(model_key(join_trainable(graphdef, params, frozen)), lambda: PagedPrograms(graphdef))
+
+
+@dataclasses.dataclass
+class ContinuousBatchEngine:
+    """A :class:`~scaletrain.generation.interface.RolloutEngine` with ``slots`` decode slots over a paged
+    cache of ``page_size``-token pages (see the module docstring).
+
+    ``decode_steps``: the most decode steps one program runs before the host looks again (it
+    returns earlier when a slot frees up while rows wait). ``share_prefix`` False prefills every
+    sample on its own (what the shared prefill is measured against). ``stats`` after a call:
+    ``prefills`` (prompt prefills run), ``decode_calls``, ``peak_pages`` and ``pages_in_use`` (held
+    after the call: 0 when every page came back), ``num_pages``.
+    """
+
+    sampling: SamplingParams
+    slots: int = 16
+    page_size: int = 16
+    decode_steps: int = 32
+    share_prefix: bool = True
+    stats: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("slots", "page_size", "decode_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+
+    def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
+                 step: int = 0) -> Rollout:
+        """``num_generations`` completions of each prompt, sampled from ``state``'s live parameters."""
+        graphdef, params, frozen = split_source(state)
+        prompts = [[int(t) for t in p] for p in prompts]
+        mesh = _mesh_of(params)
+        if mesh is None or not jax.sharding.get_abstract_mesh().empty:
+            return self._run(graphdef, params, frozen, prompts, num_generations, seed, step)
+        with jax.set_mesh(mesh):
+            return self._run(graphdef, params, frozen, prompts, num_generations, seed, step)
+
+    def _run(self, graphdef: Any, params: Any, frozen: Any, prompts: list[list[int]], g: int, seed: int,
+             step: int) -> Rollout:
+        programs = programs_for(graphdef, params, frozen)
+        sampling = self.sampling
+        if not self.share_prefix:  # every sample its own prompt: the same rows, prefilled G times
+            prompts, g = [p for p in prompts for _ in range(g)], 1
+        ids, mask = left_pad(prompts)
+        layout = bucket(ids, mask, g, sampling.pad_token_id)
+        rows = layout.rows
+        longest = round_up_pow2(max(len(p) for p in prompts), max(MIN_PROMPT_BUCKET, self.page_size))
+        new = int(sampling.max_completion_length)
+        max_pages = -(-(longest + new) // self.page_size)
+        num_pages = (self.slots + 1) * max_pages  # every slot at its longest, and one prompt's shared pages
+        flags = dict(new=new, greedy=sampling.greedy, page_size=self.page_size,
+                     top_k=None if sampling.greedy or sampling.top_k is None else int(sampling.top_k),
+                     use_top_p=not sampling.greedy and sampling.top_p is not None)
+        sampler = Sampler(jnp.asarray(seed, jnp.uint32), jnp.asarray(step, jnp.int32),
+                          jnp.float32(1.0 if sampling.greedy else sampling.temperature),
+                          jnp.asarray(inverse_temperature(sampling.temperature)),
+                          jnp.float32(1.0 if sampling.top_p is None else sampling.top_p),
+                          jnp.asarray(np.asarray(sampling.stop_token_ids, np.int32).reshape(-1)),
+                          jnp.int32(sampling.pad_token_id))
+        es: EngineState = programs.init(params, frozen, jnp.int32(sampling.pad_token_id), slots=self.slots,
+                                        num_pages=num_pages, page_size=self.page_size, max_pages=max_pages,
+                                        rows=round_up_pow2(rows), new=new)
+        waiting = deque(range(len(prompts)))
+        placed = [0] * len(prompts)
+        prefilled: dict[int, Any] = {}
+        free = list(range(self.slots))
+        prefills = decode_calls = 0
+        while True:
+            while waiting and free:
+                i = waiting[0]
+                if i not in prefilled:
+                    p_ids, p_mask = left_pad([prompts[i]], sampling.pad_token_id,
+                                             round_up_pow2(len(prompts[i]), max(MIN_PROMPT_BUCKET, self.page_size)))
+                    prefilled[i] = (programs.prefill(params, frozen, p_ids, p_mask),
+                                    jnp.zeros((p_ids.shape[1] // self.page_size,), jnp.int32))
+                    prefills += 1
+                take = min(g - placed[i], len(free))
+                slots = np.full((g,), self.slots, np.int32)
+                slots[:take] = free[:take]
+                row_ids = np.full((g,), round_up_pow2(rows), np.int32)
+                row_ids[:take] = i * g + placed[i] + np.arange(take)
+                pre, held = prefilled[i]
+                es, held = programs.insert(es, pre, jnp.int32(len(prompts[i])), slots, row_ids,
+                                           jnp.asarray(placed[i] == 0), held, sampler, **flags)
+                prefilled[i] = (pre, held)
+                free = free[take:]
+                placed[i] += take
+                if placed[i] == g:
+                    waiting.popleft()
+                    del prefilled[i]
+            es, _ = programs.decode(params, frozen, es, sampler, jnp.asarray(bool(waiting)), **flags,
+                                    decode_steps=self.decode_steps)
+            decode_calls += 1
+            active = np.asarray(es.active)
+            free = [s for s in range(self.slots) if not active[s]]
+            if not waiting and not active.any():
+                break
+        if bool(es.short):
+            raise RuntimeError(f"the paged cache ran out of its {num_pages} pages (an engine bug: it is sized "
+                               "for every slot at its longest)")
+        self.stats = dict(prefills=prefills, decode_calls=decode_calls, peak_pages=int(es.peak_pages),
+                          pages_in_use=int(jnp.sum(es.counts > 0)), num_pages=num_pages)
+        lengths = jnp.sum(es.out_mask[:rows], axis=1)
+        return Rollout(jnp.asarray(layout.input_ids[:rows]), jnp.asarray(layout.attention_mask[:rows]),
+                       es.out_ids[:rows], es.out_mask[:rows], es.out_lp[:rows], lengths, ~es.stopped[:rows],
+                       jnp.max(lengths))

@@ -1,0 +1,271 @@
+"""The compiled programs of the continuous-batching engine: prefill a prompt, insert it into slots, decode.
+
+Why three programs and a host loop between them: the decode program is the one that runs
+almost all the time, so it must never recompile and never stop for the host without reason.
+It runs up to ``decode_steps`` steps over every slot inside one ``lax.while_loop`` and hands
+control back early only when a slot has freed up *and* rows are waiting (or nothing is left
+to decode); the host then prefills the next prompts and inserts them into the free slots.
+
+- **prefill** (one program per prompt-length bucket): one prompt, left-padded to its bucket,
+  through the model's contiguous-cache forward (``forward_with_cache``, the static engine's
+  prefill, bit for bit); it returns that cache and the last position's logits. A prompt's G
+  samples share this one prefill.
+- **insert** (per prompt bucket): copies the prefill into the paged state. The prompt's whole
+  pages are written once, at its first insertion, and held by all G samples (one count each);
+  its last, partial page is copied into a fresh page per sample, since each sample writes its
+  own tokens after it (copy-on-write at the first page that differs). Fixed-size layer state
+  (linear attention's) is copied into each sample's slot. Each sample's first token is drawn
+  from the prefill logits here.
+- **decode**: one token per live slot per step, over the pages (``CausalLM.forward_paged``);
+  a slot that crosses a page boundary takes a free page on the device
+  (:mod:`~scaletrain.generation.page_pool`), a slot that stops gives its pages back.
+
+Every random draw is keyed by the row's request index and the token's position in the
+completion (:func:`~scaletrain.generation.sampling.row_keys`), never by the slot, and every
+computation is row by row, so a row's tokens and log-probabilities do not depend on which slot
+ran it or what ran beside it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scaletrain.generation.page_pool import give_back, take_pages
+from scaletrain.generation.sampling import pick_tokens, row_keys
+from scaletrain.models.common.decoder import constrain
+from scaletrain.models.kernels.attention import KVCache
+from scaletrain.models.kernels.paged_attention import PagedKVCache, PageTable
+from scaletrain.peft.lora import join_trainable
+
+Array = jax.Array
+
+
+class EngineState(NamedTuple):
+    """The whole scheduler state, on the device between programs.
+
+    Per layer ``cache`` (page pools and per-slot states); ``counts`` [num_pages] holders per page;
+    per slot: ``table`` [slots, max_pages], ``lengths`` (tokens in its cache), ``tokens`` (the last
+    token drawn, fed next), ``t`` (the completion position drawn next), ``rows`` (its request
+    row; ``R`` when idle), ``active``; per request row: ``out_ids`` / ``out_mask`` / ``out_lp``
+    [R, N] and ``stopped`` (ended by a stop id); ``short`` (the pool ran out) and
+    ``peak_pages`` (the most pages held at once).
+    """
+
+    cache: Any
+    counts: Array
+    table: Array
+    lengths: Array
+    tokens: Array
+    t: Array
+    rows: Array
+    active: Array
+    out_ids: Array
+    out_mask: Array
+    out_lp: Array
+    stopped: Array
+    short: Array
+    peak_pages: Array
+
+
+class Prefill(NamedTuple):
+    """One prompt's prefill: the model's contiguous cache of batch 1 over the prompt bucket (left-padded)
+    and the last position's logits [1, vocab]."""
+
+    cache: Any
+    logits: Array
+
+
+class Sampler(NamedTuple):
+    """The traced sampling operands every program shares (static flags are the programs' arguments)."""
+
+    seed: Array
+    step: Array
+    temperature: Array
+    inv_temperature: Array
+    top_p: Array
+    stop_ids: Array
+    fill: Array
+
+
+def _layer_pairs(paged: Any, contiguous: Any) -> list[tuple[Any, Any]]:
+    """Each layer's (paged state, prefill state), for a list of layers or one stacked pair."""
+    if isinstance(paged, PagedKVCache):
+        return [(paged, contiguous)]
+    return list(zip(paged, contiguous))
+
+
+def _rebuild(paged: Any, layers: list[Any]) -> Any:
+    return layers[0] if isinstance(paged, PagedKVCache) else layers
+
+
+def _fill_pages(pool: PagedKVCache, prefill: KVCache, ids: Array, page_index: Array, n: Array) -> PagedKVCache:
+    """``pool`` with pages ``ids`` [J] holding the prompt's page ``page_index`` [J] of the left-padded
+    prefill cache (batch 1); positions past the prompt are zero. Stacked layers: a leading layer axis."""
+    if pool.keys.ndim == 5:  # stacked layers
+        return jax.vmap(_fill_pages, in_axes=(0, 0, None, None, None))(pool, prefill, ids, page_index, n)
+    page_size = pool.keys.shape[1]
+    width = prefill.keys.shape[1]
+    cols = width - n + page_index[:, None] * page_size + jnp.arange(page_size)[None, :]  # [J, ps]
+    ok = (cols < width)[..., None, None]
+
+    def copy(dst: Array, src: Array) -> Array:
+        data = jnp.where(ok, jnp.take(src[0], jnp.clip(cols, 0, width - 1), axis=0), 0).astype(dst.dtype)
+        return dst.at[ids].set(data, mode="drop")
+
+    return PagedKVCache(copy(pool.keys, prefill.keys), copy(pool.values, prefill.values))
+
+
+class PagedPrograms:
+    """The three jitted programs of one model graph, and how often each was traced (compiled)."""
+
+    def __init__(self, graphdef: Any):
+        self.graphdef = graphdef
+        self.traces = {"init": 0, "prefill": 0, "insert": 0, "decode": 0}
+        self.init = jax.jit(self._init, static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows",
+                                                         "new"))
+        self.prefill = jax.jit(self._prefill)
+        self.insert = jax.jit(self._insert, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size"),
+                              donate_argnames=("state",))
+        self.decode = jax.jit(self._decode, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size",
+                                                             "decode_steps"), donate_argnames=("state",))
+
+    def _model(self, params: Any, frozen: Any) -> nnx.Module:
+        return join_trainable(self.graphdef, params, frozen)
+
+    def _init(self, params: Any, frozen: Any, fill: Array, *, slots: int, num_pages: int, page_size: int,
+              max_pages: int, rows: int, new: int) -> EngineState:
+        """An empty state: every page free, every slot idle, every output row filled with ``fill``."""
+        self.traces["init"] += 1
+        model = self._model(params, frozen)
+        pa = model.config.partition_axis
+        cache = model.init_paged_cache(slots, num_pages, page_size)
+        pool_spec = (None, None, pa.kv_head_axis, None)  # key/value heads over tp; pages whole
+
+        def shard(c: Any) -> Any:
+            if isinstance(c, PagedKVCache):
+                return PagedKVCache(*(constrain(x, ((None,) * (x.ndim - 4)) + pool_spec) for x in c))
+            return jax.tree.map(lambda x: constrain(x, (pa.batch_axis,)), c)  # per-slot state: slots over batch
+
+        cache = shard(cache) if isinstance(cache, PagedKVCache) else [shard(c) for c in cache]
+        per_slot = lambda value, dtype: constrain(jnp.full((slots,), value, dtype), (pa.batch_axis,))  # noqa: E731
+        return EngineState(
+            cache=cache, counts=jnp.zeros((num_pages,), jnp.int32),
+            table=constrain(jnp.zeros((slots, max_pages), jnp.int32), (pa.batch_axis, None)),
+            lengths=per_slot(0, jnp.int32), tokens=per_slot(0, jnp.int32), t=per_slot(0, jnp.int32),
+            rows=per_slot(rows, jnp.int32), active=per_slot(False, bool),
+            out_ids=jnp.full((rows, new), fill, jnp.int32), out_mask=jnp.zeros((rows, new), jnp.int32),
+            out_lp=jnp.zeros((rows, new), jnp.float32), stopped=jnp.zeros((rows,), bool),
+            short=jnp.zeros((), bool), peak_pages=jnp.zeros((), jnp.int32))
+
+    def _prefill(self, params: Any, frozen: Any, input_ids: Array, mask: Array) -> Prefill:
+        """One left-padded prompt [1, P] through the contiguous-cache prefill (the static engine's)."""
+        self.traces["prefill"] += 1
+        model = self._model(params, frozen)
+        p = input_ids.shape[1]
+        mask = mask.astype(jnp.int32)
+        positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+        hidden, cache = model.forward_with_cache(input_ids, positions, model.init_cache(1, p), 0, mask.astype(bool))
+        return Prefill(cache, model.compute_logits(hidden[:, -1]))
+
+    def _insert(self, state: EngineState, prefill: Prefill, n: Array, slots: Array, rows: Array, first: Array,
+                prompt_pages: Array, sampler: Sampler, *, new: int, greedy: bool, top_k: int | None,
+                use_top_p: bool, page_size: int) -> tuple[EngineState, Array]:
+        """Put one prompt's samples into ``slots`` [G] (``num_slots`` where none) as request ``rows`` [G].
+
+        ``first``: the prompt's first insertion (its whole pages are taken and written now, held by all G
+        samples); later insertions reuse ``prompt_pages`` [P / page_size], which this returns."""
+        self.traces["insert"] += 1
+        num_slots, max_pages = state.table.shape
+        g = slots.shape[0]
+        valid = slots < num_slots
+        whole, partial = n // page_size, n % page_size
+        j = jnp.arange(prompt_pages.shape[0])
+        ids, counts, short_a = take_pages(state.counts, first & (j < whole), jnp.full(j.shape, g))
+        prompt_pages = jnp.where(first, ids, prompt_pages)
+        own, counts, short_b = take_pages(counts, valid & (partial > 0), jnp.ones((g,), jnp.int32))
+        layers = []
+        for paged, contiguous in _layer_pairs(state.cache, prefill.cache):
+            if isinstance(paged, PagedKVCache):
+                paged = _fill_pages(paged, contiguous, jnp.where(first, ids, counts.shape[0]), j, n)
+                paged = _fill_pages(paged, contiguous, own, jnp.full((g,), whole), n)
+            else:
+                paged = jax.tree.map(lambda s, c: s.at[slots].set(jnp.broadcast_to(c, (g, *c.shape[1:])).astype(
+                    s.dtype), mode="drop"), paged, contiguous)
+            layers.append(paged)
+        m = jnp.arange(max_pages)
+        held = jnp.pad(prompt_pages, (0, max(max_pages - prompt_pages.shape[0], 0)))[:max_pages]
+        table_rows = jnp.where(m[None, :] < whole, held[None, :], jnp.where(m[None, :] == whole, own[:, None], 0))
+        first_tok, first_lp = pick_tokens(
+            jnp.broadcast_to(prefill.logits, (g, prefill.logits.shape[-1])), row_keys(sampler.seed, sampler.step, rows),
+            jnp.int32(0), greedy=greedy, temperature=sampler.temperature, inv_temperature=sampler.inv_temperature,
+            top_k=top_k, top_p=sampler.top_p if use_top_p else None)
+        first_tok = jnp.where(valid, first_tok, sampler.fill)
+        stop = jnp.any(first_tok[:, None] == sampler.stop_ids[None, :], axis=-1)
+        done = stop | (new == 1)
+        out_rows = jnp.where(valid, rows, state.out_ids.shape[0])
+        table = state.table.at[slots].set(table_rows, mode="drop")
+        lengths = state.lengths.at[slots].set(n, mode="drop")
+        stopping = jnp.zeros((num_slots,), bool).at[slots].set(valid & done, mode="drop")
+        state = state._replace(
+            cache=_rebuild(state.cache, layers), counts=give_back(counts, table, lengths, stopping, page_size),
+            table=table, lengths=lengths,
+            tokens=state.tokens.at[slots].set(first_tok, mode="drop"),
+            t=state.t.at[slots].set(1, mode="drop"), rows=state.rows.at[slots].set(out_rows, mode="drop"),
+            active=state.active.at[slots].set(valid & ~done, mode="drop"),
+            out_ids=state.out_ids.at[out_rows, 0].set(first_tok, mode="drop"),
+            out_mask=state.out_mask.at[out_rows, 0].set(1, mode="drop"),
+            out_lp=state.out_lp.at[out_rows, 0].set(first_lp, mode="drop"),
+            stopped=state.stopped.at[out_rows].set(stop, mode="drop"),
+            short=state.short | short_a | short_b,
+            peak_pages=jnp.maximum(state.peak_pages, jnp.sum(counts > 0)))
+        return state, prompt_pages
+
+    def _decode(self, params: Any, frozen: Any, state: EngineState, sampler: Sampler, waiting: Array, *,
+                new: int, greedy: bool, top_k: int | None, use_top_p: bool, page_size: int,
+                decode_steps: int) -> tuple[EngineState, Array]:
+        """Up to ``decode_steps`` steps over every slot; stops early once a slot freed up while rows wait,
+        or when no slot is live. Returns the state and the number of steps run."""
+        self.traces["decode"] += 1
+        model = self._model(params, frozen)
+        num_slots = state.table.shape[0]
+        num_rows = state.out_ids.shape[0]
+        every = jnp.arange(num_slots)
+        pick = functools.partial(pick_tokens, greedy=greedy, temperature=sampler.temperature,
+                                 inv_temperature=sampler.inv_temperature, top_k=top_k,
+                                 top_p=sampler.top_p if use_top_p else None)
+
+        def cond(carry: tuple[Array, Array, EngineState]) -> Array:
+            i, freed, s = carry
+            return (i < decode_steps) & jnp.any(s.active) & ~(freed & waiting)
+
+        def body(carry: tuple[Array, Array, EngineState]) -> tuple[Array, Array, EngineState]:
+            i, freed, s = carry
+            page = jnp.minimum(s.lengths // page_size, s.table.shape[1] - 1)
+            need = s.active & (s.lengths % page_size == 0)
+            ids, counts, short = take_pages(s.counts, need, jnp.ones((num_slots,), jnp.int32))
+            table = s.table.at[every, page].set(jnp.where(need, ids, s.table[every, page]))
+            write_page = jnp.where(s.active, table[every, page], counts.shape[0])
+            hidden, cache = model.forward_paged(s.tokens[:, None], s.cache, PageTable(table, s.lengths, write_page))
+            tok, lp = pick(model.compute_logits(hidden[:, 0]), row_keys(sampler.seed, sampler.step, s.rows), s.t)
+            out_rows = jnp.where(s.active, s.rows, num_rows)
+            stop = jnp.any(tok[:, None] == sampler.stop_ids[None, :], axis=-1)
+            done = s.active & (stop | (s.t + 1 >= new))
+            lengths = s.lengths + s.active.astype(jnp.int32)
+            counts_after = give_back(counts, table, lengths, done, page_size)
+            s = s._replace(
+                cache=cache, counts=counts_after, table=table, lengths=lengths, tokens=tok,
+                t=s.t + s.active.astype(jnp.int32), active=s.active & ~done,
+                out_ids=s.out_ids.at[out_rows, s.t].set(tok, mode="drop"),
+                out_mask=s.out_mask.at[out_rows, s.t].set(1, mode="drop"),
+                out_lp=s.out_lp.at[out_rows, s.t].set(lp, mode="drop"),
+                stopped=s.stopped.at[out_rows].set(stop, mode="drop"), short=s.short | short,
+                peak_pages=jnp.maximum(s.peak_pages, jnp.sum(counts > 0)))
+            return i + 1, freed | jnp.any(done), s
+
+        steps, _, state = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros((), bool), state))
+        return state, steps

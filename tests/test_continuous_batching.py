@@ -1,0 +1,157 @@
+"""The continuous-batching engine over a paged cache: a row's tokens and log-probabilities do not depend on
+its slot or neighbours, equal the static engine's, a prompt's samples prefill once, every page comes back.
+
+Tolerances: tokens must be equal; log-probabilities within 2e-6 (float32; the programs of different slot
+counts batch the same per-row sums differently, so only the last bits may differ; measured <= 5e-7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scaletrain.generation import SamplingParams, StaticBatchEngine
+from scaletrain.generation.continuous import ContinuousBatchEngine
+from preference_testing import one_device_mesh, tiny_llama
+
+LP_TOL = 2e-6
+NEW = 10
+G = 2
+STOPS = (2, 7, 9)  # frequent enough in a random 128-word model that rows stop early and slots refill
+
+
+def _prompts() -> list[list[int]]:
+    """Four prompts of 5, 9, 3 and 17 tokens: two prompt buckets (16, 32), whole and partial pages of 4 tokens."""
+    rs = np.random.RandomState(0)
+    return [[int(t) for t in rs.randint(3, 128, n)] for n in (5, 9, 3, 17)]
+
+
+def _sampling(temperature: float) -> SamplingParams:
+    return SamplingParams(max_completion_length=NEW, temperature=temperature, stop_token_ids=STOPS, pad_token_id=0)
+
+
+def _run(model, temperature: float, slots: int, prompts=None, **kw) -> tuple[dict[str, np.ndarray], dict]:
+    engine = ContinuousBatchEngine(_sampling(temperature), slots=slots, page_size=4, decode_steps=4, **kw)
+    out = engine.generate(model, prompts or _prompts(), num_generations=G, seed=3, step=1)
+    return {k: np.asarray(getattr(out, k)) for k in ("completion_ids", "completion_mask", "log_probs", "lengths",
+                                                      "truncated")}, engine.stats
+
+
+def _assert_rows_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray], rows=slice(None)) -> None:
+    for key in ("completion_ids", "completion_mask", "lengths", "truncated"):
+        np.testing.assert_array_equal(a[key][rows], b[key][rows], err_msg=key)
+    np.testing.assert_allclose(a["log_probs"][rows], b["log_probs"][rows], rtol=0, atol=LP_TOL)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    """A 4-layer Qwen3.5 text model: Gated DeltaNet layers (per-slot state) and a full-attention layer (pages)."""
+    from scaletrain.models import Qwen3_5ForCausalLM, Qwen3_5TextConfig, create_sharded_model
+
+    config = Qwen3_5TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2,
+                               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                               max_position_embeddings=64, eos_token_id=1, pad_token_id=0)
+    return create_sharded_model(Qwen3_5ForCausalLM, config, seed=0, mesh=one_device_mesh())[0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_row_equals_alone_and_behind_a_reused_slot_and_the_static_engine(family, temperature, request) -> None:
+    """8 rows through 1 slot (each row alone, each behind the row before it in the same slot) and through 3 slots
+    (rows refill slots as others stop, beside changing neighbours): every row's tokens and log-probs are equal,
+    and equal the static engine's; every page comes back to the pool."""
+    model = request.getfixturevalue(family)
+    alone, stats_alone = _run(model, temperature, slots=1)
+    refilled, stats = _run(model, temperature, slots=3)
+    _assert_rows_equal(alone, refilled)
+    assert stats["decode_calls"] > 1 and stats_alone["decode_calls"] >= len(_prompts()) * G  # slots were reused
+    assert (alone["lengths"] < NEW).any() and (alone["lengths"] == NEW).any()  # some rows stopped early
+    static = StaticBatchEngine(_sampling(temperature)).generate(model, _prompts(), num_generations=G, seed=3, step=1)
+    _assert_rows_equal(alone, {k: np.asarray(getattr(static, k)) for k in alone})
+    for s in (stats_alone, stats):
+        assert s["pages_in_use"] == 0 and 0 < s["peak_pages"] <= s["num_pages"]
+
+
+def test_row_equals_in_a_full_batch(llama) -> None:
+    """8 slots for 8 rows (the whole request decoding at once) give every row what one slot gives it (sampled)."""
+    alone, _ = _run(llama, 1.0, slots=1)
+    full, stats = _run(llama, 1.0, slots=8)
+    _assert_rows_equal(alone, full)
+    assert stats["pages_in_use"] == 0
+
+
+def test_row_does_not_depend_on_the_other_prompts_of_its_request(llama) -> None:
+    """Replacing prompt 1 changes rows 2-3 only: the other rows (same request index) keep their sampled
+    tokens and log-probs, whatever now runs beside them."""
+    prompts = _prompts()
+    before, _ = _run(llama, 1.0, slots=3, prompts=prompts)
+    after, _ = _run(llama, 1.0, slots=3, prompts=[prompts[0], [5, 6, 8, 10, 11, 12, 13], *prompts[2:]])
+    kept = np.r_[0:2, 4:8]
+    _assert_rows_equal(before, after, kept)
+    assert not np.array_equal(before["completion_ids"][2:4], after["completion_ids"][2:4])
+
+
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_prompt_samples_prefill_once_and_equal_unshared_runs(family, request) -> None:
+    """With shared prefixes each prompt is prefilled once for its G samples (4 prefills for 8 rows), their
+    pages shared and the partial last page copied per sample; the sampled rows equal a run that prefills
+    every sample on its own (8 prefills)."""
+    model = request.getfixturevalue(family)
+    shared, stats_shared = _run(model, 1.0, slots=3)
+    unshared, stats_unshared = _run(model, 1.0, slots=3, share_prefix=False)
+    assert stats_shared["prefills"] == len(_prompts()) and stats_unshared["prefills"] == len(_prompts()) * G
+    _assert_rows_equal(shared, unshared)
+    assert stats_shared["pages_in_use"] == 0 and stats_unshared["pages_in_use"] == 0
+
+
+def test_a_second_call_compiles_nothing(llama) -> None:
+    """One compile per (slots, bucket): a second rollout of other prompts in the same buckets, at another step,
+    traces none of the engine's programs again."""
+    from scaletrain.generation.continuous import programs_for
+    from flax import nnx
+
+    graphdef, params = nnx.split(llama)
+    engine = ContinuousBatchEngine(_sampling(1.0), slots=3, page_size=4, decode_steps=4)
+    engine.generate(llama, _prompts(), num_generations=G, seed=3, step=1)
+    traces = dict(programs_for(graphdef, params).traces)
+    engine.generate(llama, [p[::-1] for p in _prompts()], num_generations=G, seed=3, step=2)
+    assert programs_for(graphdef, params).traces == traces
+
+
+def test_grpo_step_samples_through_the_continuous_engine_by_option(tmp_path) -> None:
+    """``objective.rollout_engine: continuous`` makes GRPOTrainer sample through the continuous engine; the
+    sampler's log-probs are the trainer's forward's (float32, one device: 1e-5, as for the static engine in
+    test_grpo_trainer.py) and the step trains."""
+    import json
+
+    import scaletrain as st
+    from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
+    from scaletrain.rl.trainer import GRPOTrainer
+    from preference_testing import word_tokenizer
+
+    tok = word_tokenizer(str(tmp_path / "tok"))
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, eos_token_id=1,
+                         pad_token_id=0, bos_token_id=None)
+    model = create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=one_device_mesh())[0]
+    args = st.TrainingArguments(output_dir=str(tmp_path / "run"), total_batch_size=8, max_length=32,
+                                learning_rate=3e-2, scheduler="constant", max_training_steps=1, log_steps=1,
+                                save_at_end=False, progress_bar=False, report_to=(), seed=0)
+    trainer = GRPOTrainer(arguments=args, model=model, tokenizer=tok,
+                          options={"num_generations": 4, "max_completion_length": 6,
+                                   "rollout_engine": "continuous", "rollout_slots": 3},
+                          dataset_train=[{"prompt": p} for p in ("say yes", "the sky colour")],
+                          reward_funcs=[lambda prompts, completions, **_: [float(len(c)) for c in completions]])
+    trainer.train()
+    assert isinstance(trainer.rollout_engine, ContinuousBatchEngine) and trainer.rollout_engine.slots == 3
+    assert trainer.rollout_engine.stats["prefills"] == 2 and trainer.rollout_engine.stats["pages_in_use"] == 0
+    [record] = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if r.get("split") == "train"]
+    assert np.isfinite(record["loss"]) and record["reward_std"] > 0
+    assert record["rollout/logprob_diff_max"] <= 1e-5
+    assert record["grad_norm"] > 0
