@@ -8,15 +8,16 @@ validated values. EasyDeL's ``GRPOConfig`` uses the same names for what they sha
 Two defaults differ from TRL's on purpose: ``vllm_importance_sampling_correction`` is off
 (TRL applies it only with vLLM; our sampler runs the trainer's own forward, so sampler and
 trainer agree and the correction is an option for reduced-precision runs), and
-``max_completion_length`` is 256 (TRL: 512) to suit a CPU. One option is ours alone:
+``max_completion_length`` is 256 (TRL: 512) to suit a CPU. Options ours alone:
 ``reward_timeout``, the seconds a reward function's call may take before its rows score ``None``
-(TRL waits for ever; ``scaletrain.user_calls``).
+(TRL waits for ever; ``scaletrain.user_calls``), and ``rollout_engine`` / ``rollout_slots``, which
+engine samples (both draw the same tokens).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -51,6 +52,10 @@ class GRPOOptions(BaseModel):
     temperature: float = Field(1.0, ge=0)  # 0 is refused (_temperature): greedy groups train nothing
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)  # 0: no top-k
+    # which engine samples (ours alone): "static", one batch per shape bucket; "continuous", rollout_slots decode
+    # slots over a paged cache, refilled as rows stop (docs/generation.md); both draw the same tokens
+    rollout_engine: Literal["static", "continuous"] = "static"
+    rollout_slots: int = Field(16, ge=1)
     # rewards
     reward_funcs: list[Any] = Field(default_factory=list)
     reward_weights: list[float] | None = None

@@ -34,7 +34,13 @@ from pydantic import BaseModel
 
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.generation import RolloutEngine, SamplingParams, StaticBatchEngine, stop_token_ids
+from scaletrain.generation import (
+    ContinuousBatchEngine,
+    RolloutEngine,
+    SamplingParams,
+    StaticBatchEngine,
+    stop_token_ids,
+)
 from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
@@ -254,17 +260,21 @@ class GRPOTrainer(Trainer):
         return TrainerConfigureFunctionOutput(learn, None, self._mesh, checkpointer)
 
     def make_rollout_engine(self) -> RolloutEngine:
-        """What samples the step's completions: ``rollout_engine=`` if given, else today's static-batch engine with
-        the options' sampling (TRL's names; the tokenizer's stop ids, its pad id)."""
+        """What samples the step's completions: ``rollout_engine=`` if given, else the engine ``options.rollout_engine``
+        names (the static-batch engine by default) with the options' sampling (TRL's names; the tokenizer's stop
+        ids, its pad id)."""
         if self._given_engine is not None:
             return self._given_engine
         o = self.options
         stops = stop_token_ids(self.tokenizer, getattr(self._model.config, "eos_token_id", None))
         pad = getattr(self.tokenizer, "pad_token_id", None)
-        return StaticBatchEngine(SamplingParams(
+        sampling = SamplingParams(
             max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
             top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
-            pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0))))
+            pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
+        if o.rollout_engine == "continuous":
+            return ContinuousBatchEngine(sampling, slots=o.rollout_slots)
+        return StaticBatchEngine(sampling)
 
     def plan_batch_lines(self) -> list[str]:
         """What a rollout samples and an update reads (``rl/plan.py``); the engine splits rows over the batch axes."""
