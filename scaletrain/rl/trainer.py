@@ -34,13 +34,8 @@ from pydantic import BaseModel
 
 from scaletrain.data.prompts import PromptRow, is_messages, load_prompts
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.generation import (
-    ContinuousBatchEngine,
-    RolloutEngine,
-    SamplingParams,
-    StaticBatchEngine,
-    stop_token_ids,
-)
+from scaletrain.generation import ContinuousBatchEngine, RolloutEngine, SamplingParams, StaticBatchEngine
+from scaletrain.generation import stop_token_ids
 from scaletrain.log_files import append_lines, drop_records_after
 from scaletrain.objectives.grpo import GRPOObjective
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
