@@ -50,7 +50,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-trl-distill-") as tmp:
         args = DistillationConfig(
-            output_dir=tmp, per_device_train_batch_size=case["batch"], max_completion_length=case["max_completion_length"],
+            output_dir=tmp, per_device_train_batch_size=case["batch"],
+            max_completion_length=case["max_completion_length"],
             temperature=1.0, top_p=1.0, top_k=0, beta=1.0, learning_rate=case["learning_rate"],
             lr_scheduler_type="constant", optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
             weight_decay=0.0, max_grad_norm=1.0, max_steps=case["steps"], logging_steps=1, save_strategy="no",
