@@ -14,7 +14,8 @@ different things, and a recipe ported from either should mean what it meant ther
 Ours in both: ``teacher`` (a Hugging Face model folder of the same vocabulary; TRL's
 ``teacher_model_name_or_path`` is accepted as its other name) and ``teacher_dtype`` (``bfloat16`` for a teacher
 held and run in bf16 beside a float32 student; TRL's ``teacher_model_init_kwargs: {dtype: ...}`` means the same
-and is read as it). ``max_prompt_length`` keeps a prompt's last tokens, as GRPO's.
+and is read as it). ``max_prompt_length`` keeps a prompt's last tokens, and ``rollout_engine`` /
+``rollout_slots`` choose the engine that samples, as GRPO's.
 
 A few names the GRPO trainer reads (``num_generations``, ``num_iterations``, ``max_completion_length`` ...) are
 read-only properties here: one completion a prompt, each rollout used once.
@@ -22,7 +23,7 @@ read-only properties here: one completion a prompt, each rollout used once.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,6 +40,9 @@ class _TeacherOptions(BaseModel):
     teacher: str | None = None  # a model folder (required in a recipe; the Python API may pass teacher_model=)
     teacher_dtype: str | None = None  # None: the student's dtypes
     max_prompt_length: int | None = Field(None, ge=1)
+    # which engine samples (GRPO's option, ours alone): "static" per shape bucket, "continuous" over rollout_slots
+    rollout_engine: Literal["static", "continuous"] = "static"
+    rollout_slots: int = Field(16, ge=1)
 
     @model_validator(mode="before")
     @classmethod
