@@ -62,6 +62,13 @@ class GRPOOptions(BaseModel):
     scale_rewards: str = "group"
     # seconds one call of a reward function may take (it scores a batch's rows); past it the rows score None
     reward_timeout: float = Field(300.0, gt=0)
+    # tools and environments (TRL's names; scaletrain/rl/agentic.py): callables or 'module:function' entries, an
+    # environment class (or 'module:Class', or {name: either} chosen by an ``environment`` column)
+    tools: list[Any] = Field(default_factory=list)
+    environment_factory: Any = None
+    max_tool_calling_iterations: int | None = Field(None, ge=0)  # None: until no row calls a tool
+    tool_timeout: float = Field(60.0, gt=0)  # seconds one tool call may take; past it the model reads the error
+    tool_call_format: str = "auto"  # auto (the tokenizer's parser, else <tool_call> JSON), tokenizer, hermes, ...
     # the loss
     loss_type: str = "dapo"
     importance_sampling_level: str = "token"
@@ -134,6 +141,16 @@ class GRPOOptions(BaseModel):
     @classmethod
     def _one_or_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, (str, dict)) or callable(value) else value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) or callable(value) else value
+
+    @field_validator("tool_call_format")
+    @classmethod
+    def _tool_call_format(cls, value: str) -> str:
+        return _one_of(value, ("auto", "tokenizer", "hermes", "llama3_json"))
 
     @field_validator("loss_type")
     @classmethod

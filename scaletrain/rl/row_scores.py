@@ -36,19 +36,24 @@ class RowScores:
 
 def score_rows(layout: RowLayout, held: dict[str, np.ndarray], rows: Sequence[Any], num_generations: int,
                reward_functions: Sequence[RewardFunction], tokenizer: Any, conversational: bool,
-               timeout: float) -> RowScores:
+               timeout: float, agent: Any = None) -> RowScores:
     """Run the rewards of the rows this process owns (``held``: its rows of the rollout's ``completion_ids``,
     ``lengths`` and ``truncated``, the only arrays a step reads to the host; ``rows``: the step's prompt rows,
-    ``num_generations`` completions each) and gather the per-row figures."""
+    ``num_generations`` completions each) and gather the per-row figures. ``agent``: a multi-turn step's
+    host record (``rl/agentic.py``): each row's completion is its messages (turns and tool results, as TRL
+    gives them) and the ``environments`` column holds its environment."""
     own = np.searchsorted(layout.held, layout.owned)
     comp_ids, lengths = held["completion_ids"][own], held["lengths"][own]
     names = [f.name for f in reward_functions]
     per_func, timed_out, failure = np.zeros((0, len(names)), np.float32), np.zeros((0, len(names)), bool), None
     try:
         if len(own):
-            completions = decode(tokenizer, comp_ids, lengths, conversational)
+            completions = decode(tokenizer, comp_ids, lengths, conversational) if agent is None else \
+                [agent.messages[r] for r in layout.owned]
             prompt_values, columns = reward_inputs([rows[r // num_generations] for r in layout.owned], 1, comp_ids,
                                                    lengths)
+            if agent is not None:
+                columns["environments"] = [agent.environments[r] for r in layout.owned]
             scores = score_calls(reward_functions, prompt_values, completions, columns, layout.owned,
                                  timeout=timeout, stop_requested=pending_signal)
             per_func, timed_out = scores.values, scores.timed_out

@@ -88,9 +88,10 @@ def make_score_program(graphdef: Any, spec: ScoreSpec, batch_sharding_of: Callab
 
     def score(params: Any, frozen: Any, reference: Any, rollout: dict[str, Array], drop: int) -> tuple[Any, ...]:
         completion_ids, sampler = rollout["completion_ids"], rollout["log_probs"]
-        raw_mask = rollout["completion_mask"]
         ids, seg, pos = rollout_rows(rollout["prompt_ids"][:, drop:], rollout["prompt_mask"][:, drop:],
-                                     completion_ids, raw_mask)
+                                     completion_ids, rollout["completion_mask"])
+        # a multi-turn rollout's tool tokens (tool_mask 0) are read but neither trained nor checked
+        raw_mask = rollout["completion_mask"] * rollout.get("tool_mask", 1)
         width, mask = completion_ids.shape[1], raw_mask.astype(jnp.float32)
         loss_mask = truncated_mask(mask, rollout["truncated"]) if spec.mask_truncated_completions else mask
         batch = {"input_ids": ids, "segment_ids": seg, "positions": pos, "completion_mask": loss_mask}

@@ -45,10 +45,11 @@ from scaletrain.rl.batch import kept_prompt_columns
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
 from scaletrain.rl import rollout_store
 from scaletrain.rl.advantages import on_host, reward_figures, weighted_rewards
+from scaletrain.rl.agentic import Agentic, agentic_engine, objective_record, run_rewards, sample_step
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
 from scaletrain.rl.plan import grpo_plan_lines
 from scaletrain.rl.process_rows import RowLayout
-from scaletrain.rl.rewards import load_rewards, recorded_spec
+from scaletrain.rl.rewards import recorded_spec
 from scaletrain.rl.row_scores import score_rows
 from scaletrain.rl.scoring import completion_metrics, completion_records, decode, logs_completions
 from scaletrain.rl.step_programs import FRESH_ONLY, REWARDS, ScoreSpec, learn_step, make_score_program
@@ -143,7 +144,7 @@ class GRPOTrainer(Trainer):
         if tokenizer is None:
             raise ConfigError("GRPOTrainer needs a tokenizer: completions are decoded for the reward functions")
         self.prompts_per_step = check_batch_size(arguments.total_batch_size, o.num_generations)
-        self.policy_tokenizer = tokenizer  # a reward model's must equal it (configure_rewards)
+        self.policy_tokenizer, self.agentic = tokenizer, Agentic.of(o)  # the tools and environments (rl/agentic.py)
         self.configure_rewards(reward_funcs if reward_funcs is not None else o.reward_funcs)
         if isinstance(dataset_train, list) and dataset_train and isinstance(dataset_train[0], PromptRow):
             rows = [r if o.max_prompt_length is None else dataclasses.replace(
@@ -172,8 +173,8 @@ class GRPOTrainer(Trainer):
     def configure_rewards(self, specs: Any) -> None:
         """``reward_functions``, ``reward_weights`` and the ``reward_specs`` checkpoints record, from ``specs`` (the
         ``reward_funcs=`` argument, else the options'); a trainer that scores no rewards (distillation) sets none."""
-        self.reward_functions, self.reward_weights = load_rewards(specs, self.options.reward_weights,
-                                                                  tokenizer=self.policy_tokenizer)
+        funcs = run_rewards(self.agentic, specs, self.options.reward_weights, tokenizer=self.policy_tokenizer)
+        self.reward_functions, self.reward_weights = funcs
         self.reward_specs = [recorded_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
 
     def configure_dataloaders(self) -> TrainerConfigureDataloaderOutput:
@@ -255,9 +256,8 @@ class GRPOTrainer(Trainer):
         return TrainerConfigureFunctionOutput(learn, None, self._mesh, checkpointer)
 
     def make_rollout_engine(self) -> RolloutEngine:
-        """What samples the step's completions: ``rollout_engine=`` if given, else the engine ``options.rollout_engine``
-        names (the static-batch engine by default) with the options' sampling (TRL's names; the tokenizer's stop
-        ids, its pad id)."""
+        """``rollout_engine=`` if given, else the engine ``options.rollout_engine`` names (static batch by default) with
+        the options' sampling (TRL's names; the tokenizer's stop ids, its pad id); with tools, under the tool loop."""
         if self._given_engine is not None:
             return self._given_engine
         o = self.options
@@ -267,9 +267,9 @@ class GRPOTrainer(Trainer):
             max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
             top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
             pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
-        if o.rollout_engine == "continuous":
-            return ContinuousBatchEngine(sampling, slots=o.rollout_slots)
-        return StaticBatchEngine(sampling)
+        engine = (ContinuousBatchEngine(sampling, slots=o.rollout_slots) if o.rollout_engine == "continuous"
+                  else StaticBatchEngine(sampling))  # agentic: each turn sampled by it, tools between (rl/multi_turn)
+        return engine if self.agentic is None else agentic_engine(engine, self.tokenizer, o, self._model.config)
 
     def plan_batch_lines(self) -> list[str]:
         """What a rollout samples and an update reads (``rl/plan.py``); the engine splits rows over the batch axes."""
@@ -335,19 +335,20 @@ class GRPOTrainer(Trainer):
         args, o = self.arguments, self.options
         rows, g = [self.prompt_rows[i] for i in prompts.indices], o.num_generations
         t0 = time.perf_counter()
-        out = self.rollout_engine.generate(state, [list(r.prompt_ids) for r in rows], num_generations=g,
-                                           seed=args.seed, step=step)
+        # agentic: a fresh environment per row, prompts rendered with the row's tools, the multi-turn rollout
+        out, agent = sample_step(self.agentic, self.rollout_engine, state, rows, g, self.tokenizer, seed=args.seed,
+                                 step=step)
         jax.block_until_ready(out)
         t1 = time.perf_counter()
         width = int(out.prompt_ids.shape[1])
-        drop = width - kept_prompt_columns(width, max(len(r.prompt_ids) for r in rows))
+        drop = width - kept_prompt_columns(width, agent.longest if agent else max(len(r.prompt_ids) for r in rows))
         batch, gap, for_host = self._score(state.params, state.frozen, self._reference, out._asdict(), drop=drop)
         jax.block_until_ready(batch)
         t2 = time.perf_counter()
         layout = self._layout()
         held = {k: layout.read(v) for k, v in for_host.items()}  # the only reads: this process's rows
         scored = score_rows(layout, held, rows, g, self.reward_functions, self.tokenizer, self.conversational,
-                            o.reward_timeout)
+                            o.reward_timeout, agent=agent)
         names = [f.name for f in self.reward_functions]
         # the [N] weighted rewards go back to the devices, where the update program makes them advantages with
         # the objective's estimator (less RLOO's KL, kl_rows); the figures TRL logs beside them are read here
@@ -358,10 +359,11 @@ class GRPOTrainer(Trainer):
         figures = reward_figures(scored.per_func, rewards, shaped, g, spec.spread, names)
         batch = {**batch, **self._place({REWARDS: rewards})}
         t3 = time.perf_counter()
-        lengths = scored.lengths
+        lengths = scored.lengths if agent is None else agent.model_tokens  # TRL counts the model's tokens only
         counted, flops, tokens = self._flops.rollout(np.repeat([len(r.prompt_ids) for r in rows], g), lengths,
                                                      t1 - t0, scored=not self._check_in_update, reference=o.beta != 0)
         metrics = {**figures, **completion_metrics(lengths, scored.truncated), **gap, **scored.timeouts,
+                   **(agent.figures if agent else {}),
                    "time/rollout": t1 - t0, "time/reference": t2 - t1, "time/rewards": t3 - t2,
                    "rollout/tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9), **counted}
         shown = None
@@ -370,7 +372,8 @@ class GRPOTrainer(Trainer):
             all_ids = layout.gather(scored.comp_ids)  # every process takes part; process 0 writes
             count = len(all_ids) if o.num_completions_to_print is None else o.num_completions_to_print
             count = min(count, len(all_ids))
-            texts = decode(self.tokenizer, all_ids[:count], lengths[:count].astype(np.int64), self.conversational)
+            texts = decode(self.tokenizer, all_ids[:count], scored.lengths[:count].astype(np.int64),
+                           self.conversational) if agent is None else agent.records[:count]
             shown = ([rows[r // g].prompt for r in range(count)], texts, scored.per_func, count)
         return _Scored(batch, metrics, prompts.epoch, prompts.index, update_flops=flops, update_tokens=tokens,
                        shown=shown)
@@ -397,7 +400,7 @@ class GRPOTrainer(Trainer):
 
     def checkpoint_metadata(self, state: TrainState) -> dict[str, Any]:
         meta = super().checkpoint_metadata(state)
-        meta["objective"] = {"name": self.objective_type, **self.options.model_dump(exclude={"reward_funcs"}),
+        meta["objective"] = {"name": self.objective_type, **objective_record(self.options),
                              "reward_funcs": [f.name for f in self.reward_functions],
                              "reward_specs": self.reward_specs}
         return meta
