@@ -42,19 +42,20 @@ def run_python(code: str, *, cpu_seconds: int = 5, memory_mb: int = 512, output_
                wall_seconds: float = 10.0, file_mb: int = 16) -> str:
     """Run ``code`` under the limits (module docstring); its stdout and stderr, cut to ``output_chars``, and a
     last line naming how it ended when it did not end well."""
-    import resource
-
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
-
+    # the limits are set by the child itself before it runs the code: no ``preexec_fn``, whose fork is unsafe in
+    # a process running JAX's threads (the spawn subprocess uses instead is not)
+    boot = ("import resource, sys\n"
+            f"for kind, value in ((resource.RLIMIT_CPU, {int(cpu_seconds)}),"
+            f" (resource.RLIMIT_AS, {int(memory_mb) << 20}), (resource.RLIMIT_FSIZE, {int(file_mb) << 20})):\n"
+            "    resource.setrlimit(kind, (value, value))\n"
+            "code = sys.stdin.read()\n"
+            "del resource, sys, kind, value\n"
+            "exec(compile(code, '<sandbox>', 'exec'), {'__name__': '__main__'})\n")
     with tempfile.TemporaryDirectory(prefix="scaletrain-sandbox-") as folder:
-        command = [*_netns_prefix(), sys.executable, "-I", "-c", code]
+        command = [*_netns_prefix(), sys.executable, "-I", "-c", boot]
         try:
-            done = subprocess.run(command, cwd=folder, env={"PATH": "/usr/bin:/bin", "HOME": folder},
-                                  capture_output=True, timeout=wall_seconds, preexec_fn=limits, text=True,
-                                  errors="replace")
+            done = subprocess.run(command, input=code, cwd=folder, env={"PATH": "/usr/bin:/bin", "HOME": folder},
+                                  capture_output=True, timeout=wall_seconds, text=True, errors="replace")
         except subprocess.TimeoutExpired as err:
             out = ((err.stdout or "") if isinstance(err.stdout, str) else "")[:output_chars]
             return out + f"\n[killed: no result within {wall_seconds:g} s]"
