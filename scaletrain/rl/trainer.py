@@ -132,6 +132,8 @@ class GRPOTrainer(Trainer):
             raise ConfigError("GRPOTrainer needs args= (a GRPOConfig or TrainingArguments) and train_dataset= "
                               "(prompt rows)")
         kind = get_objective_type(self.objective_type)
+        if isinstance(rollout_engine, str):  # the option's name (a recipe's objective.rollout_engine), not an engine
+            kwargs["rollout_engine"], rollout_engine = rollout_engine, None
         fields = {k: kwargs.pop(k) for k in list(kwargs) if k in kind.options.model_fields or k in TRL_VLLM_OPTIONS}
         base = arguments.rl_options().model_dump() if isinstance(arguments, RLConfig) else {}
         if isinstance(options, BaseModel):
