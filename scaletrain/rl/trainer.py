@@ -173,8 +173,7 @@ class GRPOTrainer(Trainer):
 
     # ---- configuration ----------------------------------------------------------------
     def configure_rewards(self, specs: Any) -> None:
-        """``reward_functions``, ``reward_weights`` and the ``reward_specs`` checkpoints record, from ``specs`` (the
-        ``reward_funcs=`` argument, else the options'); a trainer that scores no rewards (distillation) sets none."""
+        """The reward functions, weights and recorded specs of ``specs`` (none for a trainer without rewards)."""
         funcs = run_rewards(self.agentic, specs, self.options.reward_weights, tokenizer=self.policy_tokenizer)
         self.reward_functions, self.reward_weights = funcs
         self.reward_specs = [recorded_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
@@ -210,8 +209,7 @@ class GRPOTrainer(Trainer):
         return self.set_up_frozen_models(built)
 
     def set_up_frozen_models(self, built: Any) -> Any:
-        """The frozen models the objective reads (``training/frozen.py``), given the built model and state: GRPO's
-        KL reference (read by the rollout's score program, beside the state); a subclass reads others."""
+        """The frozen models read (``training/frozen.py``): GRPO's KL reference, beside the state; a subclass's own."""
         o, model = self.options, built.model
         self.frozen_models.declare("reference")  # recorded (None without one), checked on resume: training/frozen.py
         if o.beta != 0.0:  # the KL reference: a frozen copy, a model folder, or the LoRA base (adapters off)
