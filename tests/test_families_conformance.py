@@ -38,7 +38,7 @@ from conformance_testing import (
     token_ids,
     variant_ids,
 )
-from engine_testing import ENGINE_NAMES, rollout_engines
+from engine_testing import ENGINE_NAMES, KNOWN_GAPS, rollout_engines
 from hf_testing import (
     TOL,
     assert_greedy_generation_matches,
@@ -172,9 +172,11 @@ def test_future_tokens_do_not_change_earlier_logits(family: Loaded) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
-def test_greedy_generation_matches_transformers(family: Loaded, engine: str) -> None:
+def test_greedy_generation_matches_transformers(family: Loaded, engine: str, request) -> None:
     """16 tokens from two left-padded prompts (11 and 6 tokens), past every window in the table, through each
     rollout engine's ``generate`` (the RolloutEngine interface; ``generate()`` runs the static one)."""
+    if (engine, family.name) in KNOWN_GAPS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[engine, family.name]))
     assert_greedy_generation_matches(family.model, family.ref, engine=rollout_engines()[engine])
 
 
