@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
+
 import signal
 import socket
 import subprocess
@@ -34,10 +34,10 @@ from typing import IO
 
 from scaletrain.errors import ConfigError
 from scaletrain.launch.batch_split import check_batch_split
+from scaletrain.launch.xla_flags import without_device_count
 
 #: grace given to the other processes after one failed, before they are killed (seconds)
 DEFAULT_KILL_AFTER = 30.0
-_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 #: how a process says it stops because another was lost (:func:`~scaletrain.launch.jax.lost.lost_message`)
 _LOST_LINE = b"scaletrain: error: lost "
 
@@ -49,7 +49,7 @@ def child_env(rank: int, token: str) -> dict[str, str]:
     from scaletrain.launch.jax.backend import LOCK_TOKEN_ENV
 
     env = dict(os.environ)
-    env["XLA_FLAGS"] = _DEVICE_COUNT_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+    env["XLA_FLAGS"] = without_device_count(env.get("XLA_FLAGS", ""))
     if "JAX_LOCAL_DEVICE_IDS" not in env and "CUDA_VISIBLE_DEVICES" not in env:
         env["JAX_LOCAL_DEVICE_IDS"] = str(rank)  # GPUs: process i drives GPU i; ignored on CPU
     env[LOCK_TOKEN_ENV] = token

@@ -11,16 +11,19 @@ import os
 from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.launch.xla_flags import without_device_count
 
 
 def make_worker_env(use_gpu: bool, use_tpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of the Ray workers: set explicitly, never inherited from a test's fake devices."""
+    """Environment of the Ray workers: set explicitly, never inherited from a test's fake devices. The driver's
+    other XLA flags do travel (as the JAX launcher's children get them): a worker compiles as the driver does."""
     import scaletrain
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(scaletrain.__file__)))
     path = os.environ.get("PYTHONPATH", "")
     env = {
-        "XLA_FLAGS": "",  # no --xla_force_host_platform_device_count: one CPU device per process
+        # the driver's XLA flags less a fake device count: one CPU device per process
+        "XLA_FLAGS": without_device_count(os.environ.get("XLA_FLAGS", "")),
         "JAX_PLATFORMS": "cuda" if use_gpu else ("tpu" if use_tpu else "cpu"),
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": root + (os.pathsep + path if path else ""),
