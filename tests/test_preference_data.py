@@ -249,6 +249,18 @@ BAD_PAIRS = [
 ]
 
 
+def test_a_margin_column_is_served_per_pair_and_a_bad_margin_is_named_by_its_row(smol, tmp_path):
+    """TRL's optional ``margin`` column (RewardTrainer) is served as ``margin`` [B] float32 beside the pair keys;
+    a value that is not a finite number is a bad row naming the column."""
+    rows = [{**row, "margin": m} for row, m in zip(TEXT_PAIRS[:3], (0.5, "-1.25", 2))]
+    served = _ours(smol, _write_jsonl(tmp_path / "m.jsonl", rows), 64).train.columns
+    np.testing.assert_array_equal(served["margin"], np.float32([0.5, -1.25, 2.0]))
+    assert "margin" not in _ours(smol, _write_jsonl(tmp_path / "plain.jsonl", TEXT_PAIRS[:3]), 64).train.columns
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [*rows[:2], {**TEXT_PAIRS[3], "margin": "wide"}])
+    with pytest.raises(DataError, match=r"bad\.jsonl: row 3: margin must be a finite number"):
+        _ours(smol, bad, 64)
+
+
 @pytest.mark.parametrize("row,problem", BAD_PAIRS, ids=[p for _, p in BAD_PAIRS])
 def test_every_bad_pair_is_named_by_its_row(smol, tmp_path, row, problem):
     source = _write_jsonl(tmp_path / "pairs.jsonl", [*TEXT_PAIRS[:2], row, TEXT_PAIRS[2]])

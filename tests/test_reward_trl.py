@@ -22,6 +22,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 FIGURES = ("loss", "accuracy", "margin", "mean_reward")
+#: TRL's optional ``margin`` column: one value per pair of RAGGED_PAIRS, mixed signs and sizes
+MARGINS = (0.5, -0.25, 0.0, 1.5, 0.125, -1.0, 2.0, 0.75)
 
 
 @pytest.fixture(scope="module")
@@ -30,29 +32,30 @@ def reward_folder(tmp_path_factory):
     return folder, hf_reward_model(folder)
 
 
-def _pairs():
-    return [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in RAGGED_PAIRS]
+def _pairs(margins=None):
+    rows = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in RAGGED_PAIRS]
+    return rows if margins is None else [{**row, "margin": m} for row, m in zip(rows, margins)]
 
 
-def _trl_first_log(folder, tokenizer, tmp_path, coefficient):
+def _trl_first_log(folder, tokenizer, tmp_path, coefficient, margins=None):
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
     args = RewardConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=8, max_steps=1,
                         learning_rate=0.0, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
                         seed=0, bf16=False, center_rewards_coefficient=coefficient)
-    trainer = RewardTrainer(model=folder, args=args, train_dataset=Dataset.from_list(_pairs()),
+    trainer = RewardTrainer(model=folder, args=args, train_dataset=Dataset.from_list(_pairs(margins)),
                             processing_class=tokenizer)
     trainer.train()
     return next(r for r in trainer.state.log_history if "loss" in r)
 
 
-def _ours_by_recipe(folder, tmp_path, coefficient):
+def _ours_by_recipe(folder, tmp_path, coefficient, margins=None):
     from scaletrain.recipe import Recipe
     from scaletrain.run import run_training
 
     source = tmp_path / "pairs.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in _pairs()))
+    source.write_text("".join(json.dumps(row) + "\n" for row in _pairs(margins)))
     out = tmp_path / "run"
     run_training(Recipe.from_dict({
         "model": {"pretrained": folder},
@@ -65,22 +68,25 @@ def _ours_by_recipe(folder, tmp_path, coefficient):
     return first_train_record(str(out))
 
 
-def _ours_by_api(folder, tmp_path, coefficient):
+def _ours_by_api(folder, tmp_path, coefficient, margins=None):
     import scaletrain as st
 
     args = st.RewardConfig(output_dir=str(tmp_path / "api"), total_batch_size=8, max_length=12, learning_rate=0.0,
                            warmup_steps=0, max_training_steps=1, log_steps=1, save_at_end=False, progress_bar=False,
                            shuffle_train_dataset=False, center_rewards_coefficient=coefficient)
-    st.RewardTrainer(model=folder, args=args, train_dataset=_pairs()).train()
+    st.RewardTrainer(model=folder, args=args, train_dataset=_pairs(margins)).train()
     return first_train_record(args.output_dir)
 
 
-@pytest.mark.parametrize("coefficient,ours", [(None, _ours_by_recipe), (0.01, _ours_by_api)],
-                         ids=["plain-recipe", "centred-api"])
-def test_reward_loss_and_metrics_equal_trl_reward_trainer(reward_folder, tmp_path, coefficient, ours):
+@pytest.mark.parametrize("coefficient,ours,margins", [(None, _ours_by_recipe, None), (0.01, _ours_by_api, None),
+                                                      (None, _ours_by_recipe, MARGINS)],
+                         ids=["plain-recipe", "centred-api", "margin-column-recipe"])
+def test_reward_loss_and_metrics_equal_trl_reward_trainer(reward_folder, tmp_path, coefficient, ours, margins):
+    """The first step's figures equal TRL's; with TRL's ``margin`` column the loss is ``-log σ(r_c - r_r - m)``
+    on both sides (the logged ``margin`` figure stays the mean ``r_c - r_r``)."""
     folder, tokenizer = reward_folder
-    theirs = _trl_first_log(folder, tokenizer, tmp_path, coefficient)
-    mine = ours(folder, tmp_path, coefficient)
+    theirs = _trl_first_log(folder, tokenizer, tmp_path, coefficient, margins)
+    mine = ours(folder, tmp_path, coefficient, margins)
     assert 0 < theirs["accuracy"] < 1  # a random model ranks some pairs right and some wrong
     for name in FIGURES:
         assert math.isclose(mine[name], theirs[name], rel_tol=1e-4, abs_tol=1e-5), (name, mine[name], theirs[name])

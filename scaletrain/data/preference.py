@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 #: the keys a row of each kind is served under (``training.max_length`` = L)
 PAIR_KEYS = ("chosen_input_ids", "chosen_segment_ids", "chosen_loss_mask",
              "rejected_input_ids", "rejected_segment_ids", "rejected_loss_mask")  # each [B, L]
+#: served beside them, [B] float32, when the source has TRL's ``margin`` column (a reward model's loss reads it)
+MARGIN_KEY = "margin"
 UNPAIRED_KEYS = ("input_ids", "segment_ids", "loss_mask", "label",  # label: [B]
                  "kl_input_ids", "kl_segment_ids", "kl_loss_mask")
 
@@ -78,6 +80,7 @@ class Encoded:
     origin: str
     row: int
     prompts: tuple[list[int], ...] | None = None
+    margin: float | None = None  # a pair's ``margin`` column value (TRL's RewardTrainer), when the data has one
 
     def prompt_of(self, i: int) -> list[int]:
         """The prompt tokens before completion ``i``."""
@@ -157,8 +160,9 @@ class PreferenceEncoder:
             fulls = [slot[i] for slot in full_ids]
             start = min(common_prefix_length(prompt_ids[i], f) for f in fulls)
             label = e.label if isinstance(e, UnpairedExample) else None
+            margin = e.margin if isinstance(e, PairExample) else None
             out.append(self._check(Encoded(prompt_ids[i][:start], tuple(f[start:] for f in fulls), label,
-                                           e.origin, e.row)))
+                                           e.origin, e.row, margin=margin)))
         return out
 
     def _check(self, enc: Encoded) -> Encoded | Refused:
@@ -262,7 +266,10 @@ def pair_rows(encoded: Sequence[Encoded], encoder: PreferenceEncoder, pad_id: in
             cut.append(f"{e.origin}: row {e.row}")
     stats = {"rows": n, "truncated": chosen.truncated + rejected.truncated, "tokens": chosen.tokens + rejected.tokens,
              **_cut_stats(cut)}
-    return FixedRows({**chosen.columns("chosen_"), **rejected.columns("rejected_")},
+    margins = {}
+    if any(e.margin is not None for e in encoded):  # the source has a margin column: every checked row has one
+        margins = {MARGIN_KEY: np.asarray([e.margin for e in encoded], np.float32).reshape(n)}
+    return FixedRows({**chosen.columns("chosen_"), **rejected.columns("rejected_"), **margins},
                      pad_values={"chosen_input_ids": pad_id, "rejected_input_ids": pad_id}, stats=stats)
 
 

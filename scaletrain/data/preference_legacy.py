@@ -85,7 +85,7 @@ class OrpoPairEncoder(PreferenceEncoder):
             prompts.append(share)
             answers.append(answer)
         return self._check(Encoded(prompts[0], tuple(answers), None, example.origin, example.row,
-                                   prompts=tuple(prompts)))
+                                   prompts=tuple(prompts), margin=example.margin))
 
     def __call__(self, examples: Any) -> list[Encoded | Refused]:
         out: list[Encoded | Refused] = []

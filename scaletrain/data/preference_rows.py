@@ -6,6 +6,8 @@ Formats (TRL's names and defaults; the recipe's ``data.*_column`` keys rename th
   a list of ``{role, content}`` messages (conversational). Without a ``prompt`` column the
   prompt is implicit: the shared start of ``chosen`` and ``rejected`` (characters for
   text, whole messages for conversations), split off as TRL's ``extract_prompt`` does;
+  An optional ``margin`` column (a number per pair, TRL's ``RewardTrainer``) is read beside them: a reward
+  model's loss asks the chosen score to beat the rejected one by at least that much;
 - unpaired (``kind: unpaired_preference``, KTO): ``prompt`` / ``completion`` / ``label``
   (true: desirable).
 
@@ -19,7 +21,9 @@ and skipped with ``data.skip_bad_rows`` (:class:`~scaletrain.data.records.BadRow
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union
@@ -29,6 +33,8 @@ from scaletrain.data.sources import MissingColumnError, is_unreadable
 from scaletrain.errors import DataError
 
 Value = Union[str, Messages]
+#: TRL's optional column of a pair's margin (``RewardTrainer``: ``-log σ(r_c - r_r - margin)``)
+MARGIN_COLUMN = "margin"
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class PairExample:
     conversational: bool
     origin: str
     row: int
+    margin: float | None = None  # the ``margin`` column's value, when the source has one
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,22 @@ def check_pair(prompt: Any, chosen: Any, rejected: Any, columns: tuple[str, str,
     return PairExample(prompt, chosen, rejected, conversational, origin, row)
 
 
+def parse_margin(value: Any, column: str) -> float:
+    """A pair's margin: a finite number (or its text); ValueError naming ``column`` otherwise."""
+    problem = is_unreadable(value)
+    if problem is not None:
+        raise ValueError(problem)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{column} must be a finite number (how much the chosen reward should beat the rejected "
+                         f"one by), got {describe_value(value)}")
+    return float(value)
+
+
 _LABELS = {"true": True, "false": False, "1": True, "0": False}
 
 
@@ -195,18 +218,23 @@ def zip_columns(rows: Any, source: str, split: str, columns: tuple[str, ...], se
 
 def iter_pairs(rows: Any, source: str, split: str, data: Any, bad: BadRows, limit: int | None = None
                ) -> Iterator[PairExample]:
-    """The checked pairs of ``source`` (implicit prompt when it has no ``data.prompt_column``)."""
+    """The checked pairs of ``source`` (implicit prompt when it has no ``data.prompt_column``), each with its
+    :data:`MARGIN_COLUMN` value when the source has that column."""
     columns = (data.prompt_column, data.chosen_column, data.rejected_column)
     implicit = not has_column(rows, source, split, data.prompt_column)
-    read = columns[1:] if implicit else columns
+    margins = has_column(rows, source, split, MARGIN_COLUMN)
+    read = (columns[1:] if implicit else columns) + ((MARGIN_COLUMN,) if margins else ())
     n = 0
     for values, origin, row in zip_columns(rows, source, split, read,
                                            "data.prompt_column / chosen_column / rejected_column"):
         if limit is not None and n >= limit:
             return
+        margin, values = (values[-1], values[:-1]) if margins else (None, values)
         prompt, chosen, rejected = (None, *values) if implicit else values
         try:
             example = check_pair(prompt, chosen, rejected, columns, implicit, origin, row)
+            if margins:
+                example = dataclasses.replace(example, margin=parse_margin(margin, MARGIN_COLUMN))
         except ValueError as exc:
             bad(origin, row, str(exc))
             continue
