@@ -68,6 +68,8 @@ class GRPOOptions(BaseModel):
     environment_factory: Any = None
     max_tool_calling_iterations: int | None = Field(None, ge=0)  # None: until no row calls a tool
     tool_timeout: float = Field(60.0, gt=0)  # seconds one tool call may take; past it the model reads the error
+    # the step calls of a multi-turn environment's episode (rl/env_steps.py); None: until it says done
+    max_turns: int | None = Field(None, ge=1)
     tool_call_format: str = "auto"  # auto (the tokenizer's parser, else <tool_call> JSON), tokenizer, hermes, ...
     # the loss
     loss_type: str = "dapo"

@@ -26,7 +26,8 @@ from scaletrain.rl.chat_turns import prompt_ids
 from scaletrain.rl.rewards import RewardFunction, _import
 from scaletrain.rl.multi_turn import MultiTurnEngine, episode_record, tool_figures
 from scaletrain.rl.tool_calls import resolve_format
-from scaletrain.rl.tools import Toolbox, tool_schema
+from scaletrain.rl.env_steps import episode_return, is_multi_turn
+from scaletrain.rl.tools import Toolbox, invoke, tool_schema
 
 
 def load_object(spec: Any, field: str, folders: Sequence[str] = ()) -> Any:
@@ -92,19 +93,25 @@ class Agentic:
         return cls(loaded, factories)
 
     def environment_rewards(self) -> list[RewardFunction]:
-        """One reward per environment class with a ``get_reward()``, named after the class (weight 1), reading the
-        ``environments`` column: the row's instance (None for a row of another environment)."""
+        """One reward per environment class with a ``get_reward()`` (sync or ``async def``), or a multi-turn one
+        (``rl/env_steps.py``: the sum of its ``step`` rewards, the ``environment_rewards`` column), named after the
+        class (weight 1), reading the ``environments`` column: the row's instance (None for a row of another
+        environment)."""
         out: list[RewardFunction] = []
         seen: set[type] = set()
         for factory in (self.factories or {}).values():
             kind = type(factory())
-            if kind in seen or not callable(getattr(kind, "get_reward", None)):
+            owns = callable(getattr(kind, "get_reward", None))
+            if kind in seen or not (owns or is_multi_turn(kind)):
                 continue
             seen.add(kind)
 
-            def get_reward(prompts: Any, completions: Any, environments: Sequence[Any] = (), _kind: type = kind,
+            def get_reward(prompts: Any, completions: Any, environments: Sequence[Any] = (),
+                           environment_rewards: Sequence[float | None] = (), _kind: type = kind, _owns: bool = owns,
                            **_: Any) -> list[float | None]:
-                return [e.get_reward() if type(e) is _kind else None for e in environments]
+                if not _owns:  # a multi-turn environment without get_reward: the sum of its step rewards
+                    return [r if type(e) is _kind else None for e, r in zip(environments, environment_rewards)]
+                return [invoke(e.get_reward) if type(e) is _kind else None for e in environments]
 
             out.append(RewardFunction(kind.__name__, get_reward))
         return out
@@ -150,12 +157,14 @@ class Agentic:
 class AgentStep:
     """What a step's multi-turn rollout gives the host besides its arrays: the longest prompt (ids, with the tool
     schemas), each row's model-token count, the rows' messages (the completions the rewards read), the rows'
-    environments (the ``environments`` column), ``completions.jsonl``'s records, and the tool figures."""
+    environments (the ``environments`` column) and their ``step`` rewards' sums (``environment_rewards``),
+    ``completions.jsonl``'s records, and the tool figures."""
 
     longest: int
     model_tokens: Any
     messages: list[list[dict[str, Any]]]
     environments: list[Any]
+    environment_rewards: list[float | None]
     records: list[Any]
     figures: dict[str, float]
 
@@ -186,15 +195,15 @@ def run_rewards(agentic: Agentic | None, specs: Any, weights: Sequence[float] | 
 
 def agentic_engine(inner: Any, tokenizer: Any, options: Any, config: Any) -> MultiTurnEngine:
     """The run's rollout engine: ``inner`` samples each turn, tools run between turns (``options``: the GRPO
-    options' ``max_tool_calling_iterations``, ``tool_timeout``, ``tool_call_format``; ``config``: the model's,
-    whose ``max_position_embeddings`` bounds a trajectory)."""
+    options' ``max_tool_calling_iterations``, ``tool_timeout``, ``tool_call_format``, ``max_turns``; ``config``: the
+    model's, whose ``max_position_embeddings`` bounds a trajectory)."""
     max_model_len = getattr(config, "max_position_embeddings", None)
     try:
         fmt = resolve_format(tokenizer, options.tool_call_format)
     except ValueError as err:
         raise ConfigError(f"objective.tool_call_format: {err}") from None
     return MultiTurnEngine(inner, tokenizer, lambda n: [], fmt, options.max_tool_calling_iterations,
-                           options.tool_timeout, max_model_len)
+                           options.tool_timeout, max_model_len, getattr(options, "max_turns", None))
 
 
 def sample_step(agentic: Agentic | None, engine: Any, state: Any, rows: Sequence[PromptRow], num_generations: int,
@@ -210,4 +219,5 @@ def sample_step(agentic: Agentic | None, engine: Any, state: Any, rows: Sequence
     return out, AgentStep(longest=max(len(i) for i in ids),
                           model_tokens=np.array([e.tokens("model") for e in episodes], np.float64),
                           messages=[e.messages for e in episodes], environments=[b.environment for b in boxes],
+                          environment_rewards=[episode_return(e.environment_rewards) for e in episodes],
                           records=[episode_record(e) for e in episodes], figures=tool_figures(episodes))

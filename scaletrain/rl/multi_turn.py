@@ -11,18 +11,21 @@ completions and tools):
 
 1. Sample the first turn of every row (``num_generations`` per prompt, as a single-turn rollout).
 2. Parse each turn (``rl/tool_calls.py``); rows with tool calls run them (``rl/tools.py``: every row's
-   calls at once, each under ``tool_timeout``; a failure gives the model its error text).
-3. The results' ids (``rl/chat_turns.py``: the chat template's rendering of the tool messages and the
-   next assistant header) are appended to the row's ids. If that would make the completion longer than
-   ``max_completion_length`` (or reach the model's positions), the results are dropped and the row ends
-   with its completion as it is.
+   calls at once, each under ``tool_timeout``; a failure gives the model its error text). A row whose
+   turn calls nothing and whose environment is multi-turn (``rl/env_steps.py``) has its ``step`` called
+   with the turn's text, at the same time as the tools; its reply is the next user turn, or the end.
+3. The results' ids (``rl/chat_turns.py``: the chat template's rendering of the tool messages, or of the
+   user turn, and the next assistant header) are appended to the row's ids. If that would make the
+   completion longer than ``max_completion_length`` (or reach the model's positions), they are dropped
+   and the row ends with its completion as it is.
 4. Sample the next turn of the rows still going, from their whole ids (no re-tokenisation); cut it so
-   the completion stays within ``max_completion_length``. Back to 2, at most
-   ``max_tool_calling_iterations`` times.
+   the completion stays within ``max_completion_length``. Back to 2: a row runs at most
+   ``max_tool_calling_iterations`` tool rounds (TRL's loop count, per row) and ``max_turns`` ``step``
+   calls (the reply to the last is dropped).
 
 The completion of a row is everything after its prompt: its model turns as sampled and the tool
-results between them. ``tool_mask`` is 1 on the model's tokens and 0 on the tools', the sampler's
-log-probabilities are 0 on the tools' tokens, and the trainer's loss mask is ``completion_mask *
+results and user turns between them. ``tool_mask`` is 1 on the model's tokens and 0 on the others', the sampler's
+log-probabilities are 0 on those tokens, and the trainer's loss mask is ``completion_mask *
 tool_mask`` (and so is the sampler-vs-trainer gap's). A row is truncated when its last token is not a
 stop token (TRL's rule on the whole trajectory).
 
@@ -43,9 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from scaletrain.generation.interface import Rollout, RolloutEngine, SamplingParams
-from scaletrain.rl.chat_turns import tool_result_ids
+from scaletrain.rl.chat_turns import tool_result_ids, user_turn_ids
+from scaletrain.rl.env_steps import StepResult, is_multi_turn, step_jobs
 from scaletrain.rl.tool_calls import parse_turn, tool_calls
-from scaletrain.rl.tools import DEFAULT_TOOL_TIMEOUT, Toolbox, run_calls
+from scaletrain.rl.tools import DEFAULT_TOOL_TIMEOUT, Toolbox, call_jobs, concurrently
 
 #: a turn's sampled ids and their log-probabilities, one pair per context
 Turns = list[tuple[list[int], list[float]]]
@@ -71,7 +75,7 @@ class Trajectories(NamedTuple):
 @dataclasses.dataclass
 class Episode:
     """One row's trajectory on the host: its prompt and completion ids, the mask and log-probs, its messages
-    (the assistant turns as parsed, the tool messages), and its figures."""
+    (the assistant turns as parsed, the tool messages, a multi-turn environment's user turns), and its figures."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -83,62 +87,123 @@ class Episode:
     failed_tools: list[str] = dataclasses.field(default_factory=list)
     turns: int = 1
     tool_seconds: float = 0.0
+    tool_rounds: int = 0
+    environment_tokens: int = 0
+    environment_steps: int = 0
+    environment_failures: int = 0
+    environment_rewards: list[float | None] = dataclasses.field(default_factory=list)
+    done: bool = False
 
     def tokens(self, source: str) -> int:
-        """Completion tokens written by ``source``: ``"model"`` or ``"tool"``."""
+        """Completion tokens written by ``source``: ``"model"``, ``"tool"`` or ``"environment"``."""
         model = int(sum(self.tool_mask))
-        return model if source == "model" else len(self.tool_mask) - model
+        if source == "model":
+            return model
+        return self.environment_tokens if source == "environment" else len(self.tool_mask) - model - \
+            self.environment_tokens
+
+
+def _wants(e: Episode, box: Toolbox, tool_limit: float, max_turns: int | None) -> str | None:
+    """What follows ``e``'s last turn: ``"tools"`` (it calls tools and may run another round), ``"environment"``
+    (no calls, and its multi-turn environment has not ended it), or None (the episode is over)."""
+    if tool_calls(e.messages[-1]):
+        return "tools" if e.tool_rounds < tool_limit else None
+    if e.done or box.environment is None or not is_multi_turn(box.environment):
+        return None
+    return "environment" if max_turns is None or e.environment_steps < max_turns else None
+
+
+def _follow(pending: Mapping[int, str], episodes: Sequence[Episode], toolboxes: Sequence[Toolbox],
+            timeout: float) -> dict[int, Any]:
+    """Run, all at once, the tool calls and environment steps that ``pending`` (row -> what it wants) asks for;
+    ``{row: [ToolResult] | StepResult}``."""
+    calls = call_jobs([(i, toolboxes[i], tool_calls(episodes[i].messages[-1]))
+                       for i, kind in pending.items() if kind == "tools"], timeout)
+    steps = step_jobs([(i, toolboxes[i].environment, str(episodes[i].messages[-1].get("content") or ""))
+                       for i, kind in pending.items() if kind == "environment"], timeout)
+    out: dict[int, Any] = {i: [] for i, kind in pending.items() if kind == "tools"}
+    jobs = calls + steps
+    for (row, _), value in zip(jobs, concurrently([job for _, job in jobs])):
+        if isinstance(value, StepResult):
+            out[row] = value
+        else:
+            out[row].append(value)
+    return out
+
+
+def _appended(e: Episode, outcome: Any, tokenizer: Any, max_turns: int | None) -> list[int] | None:
+    """Record a row's tool results or environment reply on ``e`` and give the ids they append (None: the episode
+    ends here; a step's reward is kept even then)."""
+    if isinstance(outcome, StepResult):
+        e.environment_steps += 1
+        e.environment_failures += int(outcome.failed)
+        e.environment_rewards.append(outcome.reward)
+        e.done = outcome.done or outcome.text is None
+        if e.done or (max_turns is not None and e.environment_steps >= max_turns):
+            return None
+        e.messages.append({"role": "user", "content": outcome.text})
+        return user_turn_ids(tokenizer, str(outcome.text))
+    e.tool_rounds += 1
+    e.tool_calls += len(outcome)
+    e.tool_failures += sum(r.failed for r in outcome)
+    e.failed_tools += [r.name for r in outcome if r.failed]
+    messages = [{"role": "tool", "name": r.name, "content": r.content} for r in outcome]
+    e.messages += messages
+    return tool_result_ids(tokenizer, messages)
 
 
 def run_episodes(prompts: Sequence[Sequence[int]], first: Turns, sample: TurnSampler, toolboxes: Sequence[Toolbox],
                  tokenizer: Any, *, fmt: str, max_completion_length: int, max_tool_calling_iterations: int | None,
-                 max_model_len: int | None = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT) -> list[Episode]:
-    """Every row's episode (see the module docstring), from its prompt ids, its first sampled turn and its tools."""
+                 max_model_len: int | None = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
+                 max_turns: int | None = None) -> list[Episode]:
+    """Every row's episode (see the module docstring), from its prompt ids, its first sampled turn and its tools
+    (and its multi-turn environment, ``rl/env_steps.py``: ``max_turns`` bounds its ``step`` calls)."""
     episodes = [Episode(list(p), list(ids), [1] * len(ids), list(lps),
                         [parse_turn(tokenizer, ids, fmt, prefix=p, tools=box.tools)])
                 for p, (ids, lps), box in zip(prompts, first, toolboxes)]
-    going = [i for i, e in enumerate(episodes) if tool_calls(e.messages[-1])]
     limit = max_tool_calling_iterations if max_tool_calling_iterations is not None else float("inf")
-    iteration = 0
-    while going and iteration < limit:
+    pending = {i: w for i, e in enumerate(episodes) if (w := _wants(e, toolboxes[i], limit, max_turns))}
+    turn = 0
+    while pending:
         start = time.perf_counter()
-        results = run_calls([(i, toolboxes[i], tool_calls(episodes[i].messages[-1])) for i in going], tool_timeout)
+        outcomes = _follow(pending, episodes, toolboxes, tool_timeout)
         waited = time.perf_counter() - start
         contexts, kept = [], []
-        for i in going:
+        for i in pending:
             e = episodes[i]
-            e.tool_calls += len(results[i])
-            e.tool_failures += sum(r.failed for r in results[i])
-            e.failed_tools += [r.name for r in results[i] if r.failed]
             e.tool_seconds += waited
-            messages = [{"role": "tool", "name": r.name, "content": r.content} for r in results[i]]
-            context = e.prompt_ids + e.completion_ids + tool_result_ids(tokenizer, messages)
+            before = len(e.messages)
+            new = _appended(e, outcomes[i], tokenizer, max_turns)
+            if new is None:
+                continue
+            context = e.prompt_ids + e.completion_ids + new
             overlong = len(context) - len(e.prompt_ids) > max_completion_length or (
                 max_model_len is not None and len(context) >= max_model_len)
-            if overlong:  # the results are dropped: the row ends with its completion as it is
+            if overlong:  # the results are dropped: the row ends with its completion as it is (TRL's rule)
+                del e.messages[before:]
                 continue
-            e.messages += messages
+            e.environment_tokens += len(new) if pending[i] == "environment" else 0
             contexts.append(context)
             kept.append(i)
         if not kept:
             break
+        turn += 1
         budget = max(max_completion_length - (len(c) - len(episodes[i].prompt_ids)) for c, i in zip(contexts, kept))
-        turns = sample(contexts, max(budget, 1), iteration + 1)
-        going = []
+        turns = sample(contexts, max(budget, 1), turn)
+        pending = {}
         for i, context, (ids, lps) in zip(kept, contexts, turns):
             e = episodes[i]
             room = max_completion_length - (len(context) - len(e.prompt_ids))
             ids, lps = list(ids)[:room], list(lps)[:room]
-            tool_len = len(context) - len(e.prompt_ids) - len(e.completion_ids)
-            e.tool_mask += [0] * tool_len + [1] * len(ids)
-            e.log_probs += [0.0] * tool_len + lps
+            appended = len(context) - len(e.prompt_ids) - len(e.completion_ids)
+            e.tool_mask += [0] * appended + [1] * len(ids)
+            e.log_probs += [0.0] * appended + lps
             e.completion_ids = context[len(e.prompt_ids):] + ids
             if ids:
                 e.turns += 1
                 e.messages.append(parse_turn(tokenizer, ids, fmt, prefix=context, tools=toolboxes[i].tools))
-                if tool_calls(e.messages[-1]):
-                    going.append(i)
-        iteration += 1
+                if wants := _wants(e, toolboxes[i], limit, max_turns):
+                    pending[i] = wants
     return episodes
 
 
@@ -196,6 +261,7 @@ class MultiTurnEngine:
     max_tool_calling_iterations: int | None = None
     tool_timeout: float = DEFAULT_TOOL_TIMEOUT
     max_model_len: int | None = None
+    max_turns: int | None = None
     last_episodes: list[Episode] = dataclasses.field(default_factory=list)
 
     @property
@@ -222,14 +288,15 @@ class MultiTurnEngine:
             rows, first, sample, boxes, self.tokenizer, fmt=self.fmt,
             max_completion_length=sampling.max_completion_length,
             max_tool_calling_iterations=self.max_tool_calling_iterations, max_model_len=self.max_model_len,
-            tool_timeout=self.tool_timeout)
+            tool_timeout=self.tool_timeout, max_turns=self.max_turns)
         return to_arrays(self.last_episodes, sampling.max_completion_length, sampling.pad_token_id,
                          sampling.stop_token_ids)
 
 
 def tool_figures(episodes: Sequence[Episode]) -> dict[str, float]:
     """TRL's ``tools/call_frequency`` (calls per row) and ``tools/failure_frequency`` (failures per call), plus
-    turns per episode, completion tokens by source and the seconds rows waited on tools."""
+    turns per episode, completion tokens by source (model, tool, environment), the environment steps that failed
+    and the seconds rows waited on tools and environments."""
     n = max(len(episodes), 1)
     calls = sum(e.tool_calls for e in episodes)
     failures = sum(e.tool_failures for e in episodes)
@@ -237,10 +304,16 @@ def tool_figures(episodes: Sequence[Episode]) -> dict[str, float]:
             "tools/turns_per_episode": sum(e.turns for e in episodes) / n,
             "tools/model_tokens": float(sum(e.tokens("model") for e in episodes)),
             "tools/tool_tokens": float(sum(e.tokens("tool") for e in episodes)),
+            "tools/environment_tokens": float(sum(e.tokens("environment") for e in episodes)),
+            "tools/environment_failures": float(sum(e.environment_failures for e in episodes)),
             "tools/wait_seconds": float(max((e.tool_seconds for e in episodes), default=0.0))}
 
 
 def episode_record(e: Episode) -> Mapping[str, Any]:
-    """An episode as ``completions.jsonl`` shows it: its turns (who wrote what) and its tool figures."""
-    return {"turns": e.messages, "tool_calls": e.tool_calls, "tool_failures": e.tool_failures,
-            "failed_tools": e.failed_tools}
+    """An episode as ``completions.jsonl`` shows it: its turns (who wrote what), its tool figures and, with a
+    multi-turn environment, the rewards its ``step`` calls gave."""
+    record = {"turns": e.messages, "tool_calls": e.tool_calls, "tool_failures": e.tool_failures,
+              "failed_tools": e.failed_tools}
+    if e.environment_steps:
+        record.update(environment_rewards=e.environment_rewards, environment_failures=e.environment_failures)
+    return record

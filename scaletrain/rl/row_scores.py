@@ -54,6 +54,7 @@ def score_rows(layout: RowLayout, held: dict[str, np.ndarray], rows: Sequence[An
                                                    lengths)
             if agent is not None:
                 columns["environments"] = [agent.environments[r] for r in layout.owned]
+                columns["environment_rewards"] = [agent.environment_rewards[r] for r in layout.owned]
             scores = score_calls(reward_functions, prompt_values, completions, columns, layout.owned,
                                  timeout=timeout, stop_requested=pending_signal)
             per_func, timed_out = scores.values, scores.timed_out

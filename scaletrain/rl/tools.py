@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -96,9 +97,30 @@ class Toolbox:
         fn = self.by_name.get(call.name)
         if fn is None:
             raise ValueError(f"Tool {call.name} not found.")
-        if inspect.iscoroutinefunction(fn):
-            return asyncio.run(fn(**call.arguments))
-        return fn(**call.arguments)
+        return invoke(fn, **call.arguments)
+
+
+def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; an ``async def`` function (or one returning an awaitable) run to its end in an event
+    loop of its own, as TRL allows for tools, environment methods and rewards. Called from a worker thread, so the
+    loop never meets the caller's."""
+    value = fn(*args, **kwargs)
+    if inspect.isawaitable(value):
+        async def wait() -> Any:
+            return await value
+
+        return asyncio.run(wait())
+    return value
+
+
+def concurrently(jobs: Sequence[Callable[[], Any]], workers: int = 16) -> list[Any]:
+    """Every job's value, in job order, the jobs run at once on a thread pool (``workers`` at most). The jobs bound
+    their own time (:func:`~scaletrain.user_calls.call_with_deadline`) and catch their own faults."""
+    if not jobs:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs))),
+                                               thread_name_prefix="scaletrain-tools") as pool:
+        return [f.result() for f in [pool.submit(job) for job in jobs]]
 
 
 def _one(box: Toolbox, call: ToolCall, row: int, timeout: float) -> ToolResult:
@@ -122,13 +144,14 @@ def run_calls(requests: Sequence[tuple[int, Toolbox, Sequence[ToolCall]]], timeo
               workers: int = 16) -> dict[int, list[ToolResult]]:
     """Every row's calls (``(row, toolbox, calls)``), all at once on a thread pool, each under ``timeout`` seconds;
     ``{row: results in call order}``. Never raises for a tool's fault and never waits past the deadlines."""
-    jobs = [(row, box, call) for row, box, calls in requests for call in calls]
     out: dict[int, list[ToolResult]] = {row: [] for row, _, _ in requests}
-    if not jobs:
-        return out
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs))),
-                                               thread_name_prefix="scaletrain-tools") as pool:
-        futures = [pool.submit(_one, box, call, row, timeout) for row, box, call in jobs]
-        for (row, _, _), future in zip(jobs, futures):
-            out[row].append(future.result())
+    jobs = call_jobs(requests, timeout)
+    for (row, _), result in zip(jobs, concurrently([job for _, job in jobs], workers)):
+        out[row].append(result)
     return out
+
+
+def call_jobs(requests: Sequence[tuple[int, Toolbox, Sequence[ToolCall]]], timeout: float
+              ) -> list[tuple[int, Callable[[], ToolResult]]]:
+    """The calls of ``requests`` as ``(row, job)`` pairs for :func:`concurrently` (each job bounded by ``timeout``)."""
+    return [(row, functools.partial(_one, box, call, row, timeout)) for row, box, calls in requests for call in calls]
