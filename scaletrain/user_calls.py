@@ -1,4 +1,4 @@
-"""Calls into user code (reward functions today; tools and environments next) under a deadline, with a way out.
+"""Calls into user code (reward functions, tools, environments) under a deadline, with a way out.
 
 Why: a user's function may never return (a deadlocked sandbox, a network call without a timeout,
 ``while True``). Called directly, it hangs the run for good, and a SIGTERM's handler only sets a
@@ -20,16 +20,23 @@ out of any thread-based reach; only a process could bound it.
 User code that needs the main thread (``signal.alarm`` timeouts) must not rely on it here, as in
 TRL's own threaded rewards (its ``accuracy_reward`` turns math_verify's alarms off off the main thread).
 
+``async def`` user code (TRL allows it for tools, environment methods and rewards) runs through
+:func:`invoke`, in an event loop of its own inside the worker thread; :func:`concurrently` runs many
+bounded calls at once (every row's tools, every async reward).
+
 Multi-process runs: each process times out its own calls; what a caller does with the outcome
 (score the rows ``None``, stop the step) is gathered by the caller so every process agrees.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ctypes
+import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: how often the waiting thread looks at the clock and at ``stop_requested`` (seconds)
@@ -116,3 +123,32 @@ def abandoned() -> int:
     """How many calls given up on are still running (blocked in native code)."""
     _abandoned[:] = [t for t in _abandoned if t.is_alive()]
     return len(_abandoned)
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def`` function, or an object whose ``__call__`` is one
+    (TRL's test for async reward functions)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; an ``async def`` function (or one returning an awaitable) run to its end in an event
+    loop of its own, as TRL allows for tools, environment methods and rewards. Called from a worker thread, so the
+    loop never meets the caller's."""
+    value = fn(*args, **kwargs)
+    if inspect.isawaitable(value):
+        async def wait() -> Any:
+            return await value
+
+        return asyncio.run(wait())
+    return value
+
+
+def concurrently(jobs: Sequence[Callable[[], Any]], workers: int = 16) -> list[Any]:
+    """Every job's value, in job order, the jobs run at once on a thread pool (``workers`` at most). The jobs bound
+    their own time (:func:`call_with_deadline`) and catch their own faults."""
+    if not jobs:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs))),
+                                               thread_name_prefix="scaletrain-user-calls") as pool:
+        return [f.result() for f in [pool.submit(job) for job in jobs]]

@@ -141,6 +141,34 @@ def test_a_hanging_reward_times_out_its_rows_score_none_and_the_run_goes_on(tmp_
     assert records[1]["reward"] == records[1]["rewards/yes_reward/mean"]  # the step trained on what scored
 
 
+def test_async_rewards_run_at_once_and_one_that_hangs_scores_its_rows_none_naming_the_reward_and_rows(caplog):
+    """TRL gathers ``async def`` rewards; ours run at once too (two of them meet at a barrier, which a one-by-one
+    run would break after its 20 s wait), and one past ``reward_timeout`` scores its rows None, counted, logged
+    with its name and the rows."""
+    import asyncio
+    import logging
+
+    from scaletrain.rl.rewards import RewardFunction, score_calls
+
+    barrier = threading.Barrier(2, timeout=20)
+
+    async def meets(prompts, completions, **columns):
+        barrier.wait()
+        return [1.0] * len(completions)
+
+    async def hangs(prompts, completions, **columns):
+        await asyncio.sleep(60)
+
+    funcs = [RewardFunction("first", meets), RewardFunction("second", meets), RewardFunction("hangs", hangs),
+             RewardFunction("yes", lambda prompts, completions, **c: [float(x == "yes") for x in completions])]
+    with caplog.at_level(logging.WARNING, logger="scaletrain"):
+        scores = score_calls(funcs, ["q"] * 3, ["yes", "no", "yes"], {}, rows=[4, 5, 6], timeout=1.0)
+    assert scores.values[:, [0, 1, 3]].tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
+    assert np.isnan(scores.values[:, 2]).all() and scores.timed_out[:, 2].all() and scores.timed_out.sum() == 3
+    assert "reward function 'hangs' did not return within 1 s (objective.reward_timeout): its 3 rows (rows 4-6) " \
+        "score None" in caplog.text
+
+
 # ---- items 6 and 10: values that are not finite numbers -----------------------------------------------------
 def words_reward(prompts, completions, **columns):
     return ["good" if c else "bad" for c in completions]

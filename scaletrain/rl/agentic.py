@@ -27,7 +27,8 @@ from scaletrain.rl.rewards import RewardFunction, _import
 from scaletrain.rl.multi_turn import MultiTurnEngine, episode_record, tool_figures
 from scaletrain.rl.tool_calls import resolve_format
 from scaletrain.rl.env_steps import episode_return, is_multi_turn
-from scaletrain.rl.tools import Toolbox, invoke, tool_schema
+from scaletrain.rl.tools import Toolbox, tool_schema
+from scaletrain.user_calls import invoke
 
 
 def load_object(spec: Any, field: str, folders: Sequence[str] = ()) -> Any:

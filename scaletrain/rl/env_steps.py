@@ -32,8 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scaletrain.rl.tools import invoke
-from scaletrain.user_calls import DeadlineExceeded, call_with_deadline
+from scaletrain.user_calls import DeadlineExceeded, call_with_deadline, invoke
 
 logger = logging.getLogger("scaletrain")
 
@@ -89,7 +88,7 @@ def _one(environment: Any, text: str, row: int, timeout: float) -> StepResult:
 
 
 def step_jobs(requests: Sequence[tuple[int, Any, str]], timeout: float) -> list[tuple[int, Callable[[], StepResult]]]:
-    """``(row, environment, text)`` requests as ``(row, job)`` pairs for :func:`~scaletrain.rl.tools.concurrently`,
+    """``(row, environment, text)`` requests as ``(row, job)`` pairs for :func:`~scaletrain.user_calls.concurrently`,
     each job one ``step`` call bounded by ``timeout`` that never raises."""
     return [(row, functools.partial(_one, env, text, row, timeout)) for row, env, text in requests]
 

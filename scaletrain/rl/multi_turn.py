@@ -49,7 +49,8 @@ from scaletrain.generation.interface import Rollout, RolloutEngine, SamplingPara
 from scaletrain.rl.chat_turns import tool_result_ids, user_turn_ids
 from scaletrain.rl.env_steps import StepResult, is_multi_turn, step_jobs
 from scaletrain.rl.tool_calls import parse_turn, tool_calls
-from scaletrain.rl.tools import DEFAULT_TOOL_TIMEOUT, Toolbox, call_jobs, concurrently
+from scaletrain.rl.tools import DEFAULT_TOOL_TIMEOUT, Toolbox, call_jobs
+from scaletrain.user_calls import concurrently
 
 #: a turn's sampled ids and their log-probabilities, one pair per context
 Turns = list[tuple[list[int], list[float]]]

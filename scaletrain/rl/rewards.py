@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.user_calls import DeadlineExceeded, StopRequested, call_with_deadline
+from scaletrain.user_calls import DeadlineExceeded, StopRequested, call_with_deadline, concurrently, invoke, is_async
 
 logger = logging.getLogger("scaletrain")
 
@@ -221,8 +221,17 @@ class Scores:
 
 def _call(func: RewardFunction, prompts: list[Any], completions: list[Any], columns: Mapping[str, list[Any]],
           timeout: float, stop_requested: Callable[[], str | None]) -> Sequence[float | None]:
-    return call_with_deadline(func.fn, timeout=timeout, what=f"reward function {func.name!r}",
+    return call_with_deadline(invoke, func.fn, timeout=timeout, what=f"reward function {func.name!r}",
                               stop_requested=stop_requested, prompts=prompts, completions=completions, **columns)
+
+
+def _attempt(func: RewardFunction, prompts: list[Any], completions: list[Any], columns: Mapping[str, list[Any]],
+             timeout: float, stop_requested: Callable[[], str | None]) -> Any:
+    """:func:`_call`'s values, or the exception it raised (handed back, so calls run at once are judged in order)."""
+    try:
+        return list(_call(func, prompts, completions, columns, timeout, stop_requested))
+    except Exception as exc:
+        return exc
 
 
 def _failing_row(func: RewardFunction, prompts: list[Any], completions: list[Any],
@@ -241,6 +250,15 @@ def _failing_row(func: RewardFunction, prompts: list[Any], completions: list[Any
         except Exception:
             return i
     return None
+
+
+def _rows_text(numbers: Sequence[int]) -> str:
+    """Row numbers as a log names them: ``row 3``, ``rows 0-7`` when consecutive, else the list."""
+    if len(numbers) == 1:
+        return f"row {numbers[0]}"
+    if list(numbers) == list(range(numbers[0], numbers[0] + len(numbers))):
+        return f"rows {numbers[0]}-{numbers[-1]}"
+    return "rows " + ", ".join(map(str, numbers))
 
 
 def _row_text(prompts: list[Any], completions: list[Any], row: int) -> str:
@@ -289,16 +307,21 @@ def score_calls(funcs: Sequence[RewardFunction], prompts: list[Any], completions
     out = np.full((n, len(funcs)), np.nan, np.float32)
     timed_out = np.zeros((n, len(funcs)), bool)
     numbers = list(range(n)) if rows is None else [int(r) for r in rows]
+    # async def rewards run at once (TRL gathers them on its event loop), each in its own loop and thread
+    together = [j for j, f in enumerate(funcs) if is_async(f.fn)]
+    gathered = dict(zip(together, concurrently([functools.partial(_attempt, funcs[j], prompts, completions, columns,
+                                                                   timeout, stop) for j in together])))
     for j, func in enumerate(funcs):
-        try:
-            values = list(_call(func, prompts, completions, columns, timeout, stop))
-        except DeadlineExceeded as exc:
-            logger.warning("%s (objective.reward_timeout): its %d rows score None", exc, n)
+        values = gathered[j] if j in gathered else _attempt(func, prompts, completions, columns, timeout, stop)
+        if isinstance(values, DeadlineExceeded):
+            logger.warning("%s (objective.reward_timeout): its %d rows (%s) score None", values, n,
+                           _rows_text(numbers))
             timed_out[:, j] = True
             continue
-        except StopRequested:
-            raise
-        except Exception as exc:
+        if isinstance(values, StopRequested):
+            raise values
+        if isinstance(values, Exception):
+            exc = values
             row = _failing_row(func, prompts, completions, columns, timeout, stop)
             where = "" if row is None else f" on row {numbers[row]} ({_row_text(prompts, completions, row)})"
             raise DataError(f"reward function {func.name!r} raised{where}: {type(exc).__name__}: {exc}") from exc

@@ -15,8 +15,6 @@ so the trajectories compare token for token with TRL's.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -24,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from scaletrain.user_calls import DeadlineExceeded, call_with_deadline
+from scaletrain.user_calls import DeadlineExceeded, call_with_deadline, concurrently, invoke
 
 logger = logging.getLogger("scaletrain")
 
@@ -98,29 +96,6 @@ class Toolbox:
         if fn is None:
             raise ValueError(f"Tool {call.name} not found.")
         return invoke(fn, **call.arguments)
-
-
-def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``; an ``async def`` function (or one returning an awaitable) run to its end in an event
-    loop of its own, as TRL allows for tools, environment methods and rewards. Called from a worker thread, so the
-    loop never meets the caller's."""
-    value = fn(*args, **kwargs)
-    if inspect.isawaitable(value):
-        async def wait() -> Any:
-            return await value
-
-        return asyncio.run(wait())
-    return value
-
-
-def concurrently(jobs: Sequence[Callable[[], Any]], workers: int = 16) -> list[Any]:
-    """Every job's value, in job order, the jobs run at once on a thread pool (``workers`` at most). The jobs bound
-    their own time (:func:`~scaletrain.user_calls.call_with_deadline`) and catch their own faults."""
-    if not jobs:
-        return []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs))),
-                                               thread_name_prefix="scaletrain-tools") as pool:
-        return [f.result() for f in [pool.submit(job) for job in jobs]]
 
 
 def _one(box: Toolbox, call: ToolCall, row: int, timeout: float) -> ToolResult:
