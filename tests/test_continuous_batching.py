@@ -147,3 +147,24 @@ def test_grpo_step_samples_through_the_continuous_engine_by_option(tmp_path) -> 
     assert np.isfinite(record["loss"]) and record["reward_std"] > 0
     assert record["rollout/logprob_diff_max"] <= 1e-5
     assert record["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_row_preempted_and_resumed_equals_one_never_preempted(llama, temperature) -> None:
+    """Four 30-token prompts x G=2 through 4 slots, every row running to the cap, over a pool of the smallest
+    size the engine allows (2 x 11 pages of 4 tokens, two rows at their longest): it runs short as the rows
+    grow, so the youngest rows are preempted and sampled again later. Every row's tokens and log-probs equal
+    a run whose pool holds every slot at its longest (no preemption), and every page comes back."""
+    rs = np.random.RandomState(1)
+    prompts = [[int(t) for t in rs.randint(3, 128, 30)] for _ in range(4)]
+    sampling = SamplingParams(max_completion_length=NEW, temperature=temperature, pad_token_id=0)
+    runs = []
+    for pool in (dict(cache_fraction=1.0), dict(cache_pages=1)):
+        engine = ContinuousBatchEngine(sampling, slots=4, page_size=4, decode_steps=4, **pool)
+        out = engine.generate(llama, prompts, num_generations=G, seed=3, step=1)
+        runs.append(({k: np.asarray(getattr(out, k)) for k in ("completion_ids", "completion_mask", "log_probs",
+                                                                "lengths", "truncated")}, engine.stats))
+    (roomy, stats_roomy), (tight, stats_tight) = runs
+    assert stats_roomy["preemptions"] == 0 and stats_tight["preemptions"] > 0
+    assert stats_tight["num_pages"] == 22 < stats_roomy["num_pages"] and stats_tight["pages_in_use"] == 0
+    _assert_rows_equal(roomy, tight)

@@ -34,6 +34,7 @@ import numpy as np
 from scaletrain.compile_cache import ProgramCache, model_key
 from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, bucket, left_pad, round_up_pow2
 from scaletrain.generation.engine import Rollout, SamplingParams, _mesh_of, split_source
+from scaletrain.generation.page_pool import pool_pages
 from scaletrain.generation.paged_programs import EngineState, PagedPrograms, Sampler
 from scaletrain.generation.sampling import inverse_temperature
 from scaletrain.peft.lora import join_trainable
@@ -53,9 +54,12 @@ class ContinuousBatchEngine:
 
     ``decode_steps``: the most decode steps one program runs before the host looks again (it
     returns earlier when a slot frees up while rows wait). ``share_prefix`` False prefills every
-    sample on its own (what the shared prefill is measured against). ``stats`` after a call:
-    ``prefills`` (prompt prefills run), ``decode_calls``, ``peak_pages`` and ``pages_in_use`` (held
-    after the call: 0 when every page came back), ``num_pages``.
+    sample on its own (what the shared prefill is measured against). The page pool holds
+    ``cache_pages`` pages, or ``cache_fraction`` of every slot at its longest
+    (:func:`~scaletrain.generation.page_pool.pool_pages`); when it runs short the youngest row is
+    preempted and sampled again later, to the same tokens. ``stats`` after a call: ``prefills``
+    (prompt prefills run), ``decode_calls``, ``preemptions``, ``peak_pages`` and ``pages_in_use``
+    (held after the call: 0 when every page came back), ``num_pages``.
     """
 
     sampling: SamplingParams
@@ -63,9 +67,13 @@ class ContinuousBatchEngine:
     page_size: int = 16
     decode_steps: int = 32
     share_prefix: bool = True
+    cache_pages: int | None = None
+    cache_fraction: float = 0.75
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not 0 < self.cache_fraction <= 1:
+            raise ValueError(f"cache_fraction must be in (0, 1], got {self.cache_fraction}")
         for name in ("slots", "page_size", "decode_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -95,7 +103,7 @@ class ContinuousBatchEngine:
         longest = round_up_pow2(max(len(p) for p in prompts), max(MIN_PROMPT_BUCKET, self.page_size))
         new = int(sampling.max_completion_length)
         max_pages = -(-(longest + new) // self.page_size)
-        num_pages = (self.slots + 1) * max_pages  # every slot at its longest, and one prompt's shared pages
+        num_pages = pool_pages(self.slots, max_pages, self.cache_pages, self.cache_fraction)
         flags = dict(new=new, greedy=sampling.greedy, page_size=self.page_size,
                      top_k=None if sampling.greedy or sampling.top_k is None else int(sampling.top_k),
                      use_top_p=not sampling.greedy and sampling.top_p is not None)
@@ -105,50 +113,77 @@ class ContinuousBatchEngine:
                           jnp.float32(1.0 if sampling.top_p is None else sampling.top_p),
                           jnp.asarray(np.asarray(sampling.stop_token_ids, np.int32).reshape(-1)),
                           jnp.int32(sampling.pad_token_id))
+        rows_bucket = round_up_pow2(rows)
         es: EngineState = programs.init(params, frozen, jnp.int32(sampling.pad_token_id), slots=self.slots,
                                         num_pages=num_pages, page_size=self.page_size, max_pages=max_pages,
-                                        rows=round_up_pow2(rows), new=new)
-        waiting = deque(range(len(prompts)))
-        placed = [0] * len(prompts)
-        prefilled: dict[int, Any] = {}
-        free = list(range(self.slots))
-        prefills = decode_calls = 0
+                                        rows=rows_bucket, new=new)
+        waiting = deque(_Entry(i, list(range(i * g, i * g + g))) for i in range(len(prompts)))
+        free, live, free_pages = list(range(self.slots)), 0, num_pages
+        prefills = decode_calls = preemptions = 0
         while True:
             while waiting and free:
-                i = waiting[0]
-                if i not in prefilled:
-                    p_ids, p_mask = left_pad([prompts[i]], sampling.pad_token_id,
-                                             round_up_pow2(len(prompts[i]), max(MIN_PROMPT_BUCKET, self.page_size)))
-                    prefilled[i] = (programs.prefill(params, frozen, p_ids, p_mask),
-                                    jnp.zeros((p_ids.shape[1] // self.page_size,), jnp.int32))
+                entry = waiting[0]
+                n = len(prompts[entry.prompt])
+                whole, partial = divmod(n, self.page_size)
+                first = not entry.placed
+                take = min(len(entry.rows) - entry.placed, len(free))
+                reserve = live  # a page for each live slot's next page boundary, so insertion does not starve them
+                while take and (whole * first + take * (partial > 0)) > free_pages - reserve:
+                    take -= 1
+                if not take:
+                    break
+                if entry.prefill is None:
+                    p_ids, p_mask = left_pad([prompts[entry.prompt]], sampling.pad_token_id,
+                                             round_up_pow2(n, max(MIN_PROMPT_BUCKET, self.page_size)))
+                    entry.prefill = programs.prefill(params, frozen, p_ids, p_mask)
+                    entry.held = jnp.zeros((p_ids.shape[1] // self.page_size,), jnp.int32)
                     prefills += 1
-                take = min(g - placed[i], len(free))
                 slots = np.full((g,), self.slots, np.int32)
                 slots[:take] = free[:take]
-                row_ids = np.full((g,), round_up_pow2(rows), np.int32)
-                row_ids[:take] = i * g + placed[i] + np.arange(take)
-                pre, held = prefilled[i]
-                es, held = programs.insert(es, pre, jnp.int32(len(prompts[i])), slots, row_ids,
-                                           jnp.asarray(placed[i] == 0), held, sampler, **flags)
-                prefilled[i] = (pre, held)
-                free = free[take:]
-                placed[i] += take
-                if placed[i] == g:
+                row_ids = np.full((g,), rows_bucket, np.int32)
+                row_ids[:take] = entry.rows[entry.placed:entry.placed + take]
+                es, entry.held = programs.insert(es, entry.prefill, jnp.int32(n), slots, row_ids, jnp.asarray(first),
+                                                 jnp.int32(len(entry.rows)), entry.held, sampler, **flags)
+                free, live = free[take:], live + take
+                free_pages -= whole * first + take * (partial > 0)
+                entry.placed += take
+                if entry.placed == len(entry.rows):
                     waiting.popleft()
-                    del prefilled[i]
-            es, _ = programs.decode(params, frozen, es, sampler, jnp.asarray(bool(waiting)), **flags,
-                                    decode_steps=self.decode_steps)
+            es, status = programs.decode(params, frozen, es, sampler, jnp.asarray(bool(waiting)), **flags,
+                                         decode_steps=self.decode_steps)
             decode_calls += 1
-            active = np.asarray(es.active)
+            status = np.array(status)
+            active, slot_rows, (free_pages, short) = status[:self.slots], status[self.slots:2 * self.slots], status[-2:]
+            if short:  # the pool cannot give the next step's pages: the youngest row leaves and waits again
+                victim = int(np.argmax(np.where(active > 0, slot_rows, -1)))
+                es = programs.preempt(es, jnp.int32(victim), sampler.fill, page_size=self.page_size)
+                waiting.appendleft(_Entry(int(slot_rows[victim]) // g, [int(slot_rows[victim])]))
+                preemptions += 1
+                active[victim] = 0
+                free_pages = int(jnp.sum(es.counts == 0))
             free = [s for s in range(self.slots) if not active[s]]
-            if not waiting and not active.any():
+            live = int(active.sum())
+            if not waiting and not live:
                 break
         if bool(es.short):
-            raise RuntimeError(f"the paged cache ran out of its {num_pages} pages (an engine bug: it is sized "
-                               "for every slot at its longest)")
-        self.stats = dict(prefills=prefills, decode_calls=decode_calls, peak_pages=int(es.peak_pages),
-                          pages_in_use=int(jnp.sum(es.counts > 0)), num_pages=num_pages)
+            raise RuntimeError(f"the paged cache ran out of its {num_pages} pages inside a step (an engine bug: "
+                               "insertion checks the free pages and decoding preempts before a step that would)")
+        self.stats = dict(prefills=prefills, decode_calls=decode_calls, preemptions=preemptions,
+                          peak_pages=int(es.peak_pages), pages_in_use=int(jnp.sum(es.counts > 0)),
+                          num_pages=num_pages)
         lengths = jnp.sum(es.out_mask[:rows], axis=1)
         return Rollout(jnp.asarray(layout.input_ids[:rows]), jnp.asarray(layout.attention_mask[:rows]),
                        es.out_ids[:rows], es.out_mask[:rows], es.out_lp[:rows], lengths, ~es.stopped[:rows],
                        jnp.max(lengths))
+
+
+@dataclasses.dataclass
+class _Entry:
+    """A queued prompt: its index, the request rows still to sample from it (G, or one preempted row), how
+    many of them sit in slots, and once prefilled its :class:`Prefill` and the pages its whole pages took."""
+
+    prompt: int
+    rows: list[int]
+    placed: int = 0
+    prefill: Any = None
+    held: Any = None

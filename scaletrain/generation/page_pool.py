@@ -41,3 +41,20 @@ def give_back(counts: Array, table: Array, lengths: Array, stopping: Array, page
     held = jnp.arange(table.shape[1])[None, :] < ((lengths + page_size - 1) // page_size)[:, None]
     ids = jnp.where(held & stopping[:, None], table, num_pages)
     return counts.at[ids.reshape(-1)].add(-1, mode="drop")
+
+
+def pool_pages(slots: int, max_pages: int, cache_pages: int | None = None, cache_fraction: float = 0.75) -> int:
+    """How many pages the pool of one call holds: ``cache_pages`` where given, else ``cache_fraction`` of the
+    worst case (every slot at its longest, ``slots * max_pages``); never fewer than ``2 * max_pages``.
+
+    Why a budget below the worst case: rows of a long-tailed batch stop at all lengths, so at any moment
+    most slots hold a row partway through (measured on the chat workload of bench/rollout.py: the pages held
+    peaked at 0.6x of the worst case), and a pool for the worst case is mostly empty. When a budgeted pool
+    does run short the engine preempts the youngest row and runs it again later, so a small pool costs
+    time, never a wrong token. The floor: the oldest live row at its longest, plus the whole pages of the
+    prompt whose samples are still being placed, always fit, so the oldest row always makes progress.
+    """
+    floor = 2 * max_pages
+    if cache_pages is None:
+        cache_pages = -(-int(cache_fraction * slots * max_pages * 1000) // 1000)
+    return max(int(cache_pages), floor)

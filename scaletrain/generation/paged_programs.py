@@ -125,7 +125,7 @@ class PagedPrograms:
 
     def __init__(self, graphdef: Any):
         self.graphdef = graphdef
-        self.traces = {"init": 0, "prefill": 0, "insert": 0, "decode": 0}
+        self.traces = {"init": 0, "prefill": 0, "insert": 0, "decode": 0, "preempt": 0}
         self.init = jax.jit(self._init, static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows",
                                                          "new"))
         self.prefill = jax.jit(self._prefill)
@@ -133,6 +133,7 @@ class PagedPrograms:
                               donate_argnames=("state",))
         self.decode = jax.jit(self._decode, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size",
                                                              "decode_steps"), donate_argnames=("state",))
+        self.preempt = jax.jit(self._preempt, static_argnames=("page_size",), donate_argnames=("state",))
 
     def _model(self, params: Any, frozen: Any) -> nnx.Module:
         return join_trainable(self.graphdef, params, frozen)
@@ -173,19 +174,20 @@ class PagedPrograms:
         return Prefill(cache, model.compute_logits(hidden[:, -1]))
 
     def _insert(self, state: EngineState, prefill: Prefill, n: Array, slots: Array, rows: Array, first: Array,
-                prompt_pages: Array, sampler: Sampler, *, new: int, greedy: bool, top_k: int | None,
-                use_top_p: bool, page_size: int) -> tuple[EngineState, Array]:
+                holders: Array, prompt_pages: Array, sampler: Sampler, *, new: int, greedy: bool,
+                top_k: int | None, use_top_p: bool, page_size: int) -> tuple[EngineState, Array]:
         """Put one prompt's samples into ``slots`` [G] (``num_slots`` where none) as request ``rows`` [G].
 
-        ``first``: the prompt's first insertion (its whole pages are taken and written now, held by all G
-        samples); later insertions reuse ``prompt_pages`` [P / page_size], which this returns."""
+        ``first``: the prompt's first insertion (its whole pages are taken and written now, held by the
+        ``holders`` samples that will read them: G, or 1 for a preempted row prefilled again); later
+        insertions reuse ``prompt_pages`` [P / page_size], which this returns."""
         self.traces["insert"] += 1
         num_slots, max_pages = state.table.shape
         g = slots.shape[0]
         valid = slots < num_slots
         whole, partial = n // page_size, n % page_size
         j = jnp.arange(prompt_pages.shape[0])
-        ids, counts, short_a = take_pages(state.counts, first & (j < whole), jnp.full(j.shape, g))
+        ids, counts, short_a = take_pages(state.counts, first & (j < whole), jnp.full(j.shape, holders))
         prompt_pages = jnp.where(first, ids, prompt_pages)
         own, counts, short_b = take_pages(counts, valid & (partial > 0), jnp.ones((g,), jnp.int32))
         layers = []
@@ -229,7 +231,8 @@ class PagedPrograms:
                 new: int, greedy: bool, top_k: int | None, use_top_p: bool, page_size: int,
                 decode_steps: int) -> tuple[EngineState, Array]:
         """Up to ``decode_steps`` steps over every slot; stops early once a slot freed up while rows wait,
-        or when no slot is live. Returns the state and the number of steps run."""
+        when no slot is live, or before a step whose new pages the pool cannot give (the host then
+        preempts a row: :meth:`_preempt`). Returns the state and its :func:`status` for the host."""
         self.traces["decode"] += 1
         model = self._model(params, frozen)
         num_slots = state.table.shape[0]
@@ -241,7 +244,7 @@ class PagedPrograms:
 
         def cond(carry: tuple[Array, Array, EngineState]) -> Array:
             i, freed, s = carry
-            return (i < decode_steps) & jnp.any(s.active) & ~(freed & waiting)
+            return (i < decode_steps) & jnp.any(s.active) & ~(freed & waiting) & _fits(s, page_size)
 
         def body(carry: tuple[Array, Array, EngineState]) -> tuple[Array, Array, EngineState]:
             i, freed, s = carry
@@ -267,5 +270,34 @@ class PagedPrograms:
                 peak_pages=jnp.maximum(s.peak_pages, jnp.sum(counts > 0)))
             return i + 1, freed | jnp.any(done), s
 
-        steps, _, state = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros((), bool), state))
-        return state, steps
+        _, _, state = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros((), bool), state))
+        return state, status(state, page_size)
+
+    def _preempt(self, state: EngineState, slot: Array, fill: Array, *, page_size: int) -> EngineState:
+        """``state`` without the row in ``slot``: its pages go back to the pool (a shared prompt page loses one
+        holder) and its output row is blanked; the host queues the row again, and since every draw is keyed
+        by (seed, step, row, position) its second run samples the tokens the first one had drawn."""
+        self.traces["preempt"] += 1
+        num_slots = state.table.shape[0]
+        leaving = (jnp.arange(num_slots) == slot) & state.active
+        row = jnp.where(leaving[slot], state.rows[slot], state.out_ids.shape[0])
+        return state._replace(
+            counts=give_back(state.counts, state.table, state.lengths, leaving, page_size),
+            active=state.active & ~leaving, rows=jnp.where(leaving, state.out_ids.shape[0], state.rows),
+            out_ids=state.out_ids.at[row].set(fill, mode="drop"), out_mask=state.out_mask.at[row].set(0, mode="drop"),
+            out_lp=state.out_lp.at[row].set(0.0, mode="drop"), stopped=state.stopped.at[row].set(False, mode="drop"))
+
+
+def _fits(state: EngineState, page_size: int) -> Array:
+    """Whether the pool has a free page for every live slot whose next token starts a new page."""
+    need = state.active & (state.lengths % page_size == 0)
+    return jnp.sum(need) <= jnp.sum(state.counts == 0)
+
+
+def status(state: EngineState, page_size: int) -> Array:
+    """What the host reads after a decode call, in one small int32 array: per slot whether it is live
+    [slots] and its request row [slots], then the free pages and whether the pool ran short of the next
+    step's pages (1: a row must be preempted before decoding goes on)."""
+    short = jnp.any(state.active) & ~_fits(state, page_size)
+    return jnp.concatenate([state.active.astype(jnp.int32), state.rows,
+                            jnp.stack([jnp.sum(state.counts == 0), short]).astype(jnp.int32)])

@@ -43,6 +43,7 @@ class _TeacherOptions(BaseModel):
     # which engine samples (GRPO's option, ours alone): "static" per shape bucket, "continuous" over rollout_slots
     rollout_engine: Literal["static", "continuous"] = "static"
     rollout_slots: int = Field(16, ge=1)
+    rollout_cache_pages: int | None = Field(None, ge=1)  # continuous: the page pool (None: 3/4 of the worst case)
 
     @model_validator(mode="before")
     @classmethod

@@ -56,6 +56,7 @@ class GRPOOptions(BaseModel):
     # slots over a paged cache, refilled as rows stop (docs/generation.md); both draw the same tokens
     rollout_engine: Literal["static", "continuous"] = "static"
     rollout_slots: int = Field(16, ge=1)
+    rollout_cache_pages: int | None = Field(None, ge=1)  # continuous: the page pool (None: 3/4 of the worst case)
     # rewards
     reward_funcs: list[Any] = Field(default_factory=list)
     reward_weights: list[float] | None = None

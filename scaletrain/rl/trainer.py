@@ -267,8 +267,8 @@ class GRPOTrainer(Trainer):
             max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
             top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
             pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
-        engine = (ContinuousBatchEngine(sampling, slots=o.rollout_slots) if o.rollout_engine == "continuous"
-                  else StaticBatchEngine(sampling))  # agentic: each turn sampled by it, tools between (rl/multi_turn)
+        engine = (ContinuousBatchEngine(sampling, slots=o.rollout_slots, cache_pages=o.rollout_cache_pages)
+                  if o.rollout_engine == "continuous" else StaticBatchEngine(sampling))  # agentic: each turn sampled by it, tools between (rl/multi_turn)
         return engine if self.agentic is None else agentic_engine(engine, self.tokenizer, o, self._model.config)
 
     def plan_batch_lines(self) -> list[str]:
