@@ -1,5 +1,7 @@
 """GRPO on two processes (`scaletrain launch --nproc 2`, one CPU device each) against one process with two CPU
-devices: the same mesh (fsdp 2), so the same rollout, rewards, advantages and updates.
+devices: the same mesh (fsdp 2), so the same rollout, rewards, advantages and updates. Distillation (the student
+samples on both processes, the teacher scores inside the step) and reward-model training (pairs split over the
+processes) get one row each, with the same rule.
 
 The recipe: 12 completions a step in groups of 4, so each process holds 6 rows and the middle prompt's group
 straddles the two (its advantages need the other process's rewards); ``num_iterations=3`` with a checkpoint at
@@ -24,7 +26,8 @@ import pytest
 import yaml
 
 from grpo_testing import tiny_grpo_recipe
-from preference_testing import word_tokenizer
+from preference_testing import export, tiny_llama, word_tokenizer
+from test_preference_resume import PAIRS
 from test_jax_launch_runs import LIMIT_S, ROOT, _env, _kill_leftovers
 from xla_testing import child_xla_flags
 
@@ -65,15 +68,15 @@ def work(tmp_path_factory):
 
 
 def _run(work, name: str, *command: str, devices: int = 1, fail_in: str = "", hang_in: str = "", status: int = 0,
-         overrides: tuple[str, ...] = ()) -> str:
-    """Run the recipe (``command``: ``train`` or ``launch ...``) into ``work/name``; ``fail_in``: the process
+         overrides: tuple[str, ...] = (), recipe: str = "grpo.yaml") -> str:
+    """Run ``recipe`` (``command``: ``train`` or ``launch ...``) into ``work/name``; ``fail_in``: the process
     whose reward raises, ``hang_in``: the one whose first reward call never returns; the text it printed, once it
     exited with ``status``."""
     out, calls = work / name, work / f"{name}-calls"
     calls.mkdir(exist_ok=True)
     env = _env(PYTHONPATH=os.pathsep.join([ROOT, str(work)]), GRPO_CALLS=str(calls), GRPO_FAIL=fail_in,
                GRPO_HANG=hang_in, XLA_FLAGS=child_xla_flags(devices))
-    child = subprocess.Popen([sys.executable, "-m", "scaletrain", *command, str(work / "grpo.yaml"),
+    child = subprocess.Popen([sys.executable, "-m", "scaletrain", *command, str(work / recipe),
                               f"training.output_dir={out}", *overrides],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -145,3 +148,43 @@ def test_a_reward_hanging_in_one_process_times_out_there_and_both_go_on(work):
     assert [(r["step"], r["rewards/words/timeouts"]) for r in records] == [(1, 6.0), (4, 0.0)]
     assert json.loads((work / "hanging" / "summary.json").read_text())["final_step"] == 4
     assert _calls(work, "hanging") == {"0": [6, 6], "1": [6, 6]}
+
+
+#: per objective, the logged figures that must be equal across process counts
+FIGURES = {"distillation": ("loss", "entropy", "completions/mean_length"),
+           "reward": ("loss", "accuracy", "margin", "mean_reward")}
+
+
+@pytest.fixture(scope="module")
+def other_recipes(work):
+    """``distillation.yaml`` (6 prompts a step, 3 a process, a one-layer teacher folder of the tokenizer's vocabulary)
+    and ``reward.yaml`` (8 pairs a step in 2 micro-batches, so 2 pairs a micro-batch a process) over ``work``."""
+    export(tiny_llama(seed=5, layers=1), str(work / "teacher"))
+    distill = tiny_grpo_recipe(str(work), {"total_batch_size": 6, "max_training_steps": 2}, {})
+    distill["objective"] = {"type": "distillation", "teacher": str(work / "teacher"), "max_completion_length": 6}
+    (work / "distillation.yaml").write_text(yaml.safe_dump(distill))
+    (work / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    reward = tiny_grpo_recipe(str(work), {"total_batch_size": 8, "gradient_accumulation_steps": 2, "max_length": 16,
+                                          "max_training_steps": 2, "learning_rate": 1e-2, "do_eval": False}, {})
+    reward["data"] = {"kind": "preference", "source": str(work / "pairs.jsonl"), "eval_fraction": 0.0}
+    reward["objective"] = {"type": "reward", "center_rewards_coefficient": 0.01}
+    (work / "reward.yaml").write_text(yaml.safe_dump(reward))
+    return work
+
+
+@pytest.mark.parametrize("objective", ["distillation", "reward"])
+def test_distillation_and_reward_training_on_two_processes_equal_one_process(other_recipes, objective):
+    """Bitwise, as GRPO's row above and for its reason: the same 2-device mesh, sums across devices of two operands."""
+    work = other_recipes
+    _run(work, f"{objective}-one", "train", devices=2, recipe=f"{objective}.yaml")
+    _run(work, f"{objective}-two", "launch", "--nproc", "2", "--kill-after", "10", recipe=f"{objective}.yaml")
+    one, two = work / f"{objective}-one", work / f"{objective}-two"
+    ours, ref = json.loads((two / "summary.json").read_text()), json.loads((one / "summary.json").read_text())
+    assert (ours["process_count"], ref["process_count"], ours["final_step"]) == (2, 1, 2)
+    assert ours["params_sha256"] == ref["params_sha256"]
+
+    def records(out):
+        return {r["step"]: tuple(r[k] for k in FIGURES[objective])
+                for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"}
+
+    assert records(two) == records(one) and sorted(records(one)) == [1, 2]
