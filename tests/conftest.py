@@ -81,6 +81,13 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             ray.shutdown()
 
 
+def pytest_configure(config):
+    """``SCALETRAIN_TEST_TIMELINE=DIR`` records each test file's wall and CPU per worker (tests/suite_timeline.py)."""
+    from suite_timeline import install
+
+    install(config)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE is not None:
         import shutil
