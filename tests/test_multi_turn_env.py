@@ -210,3 +210,22 @@ def test_a_class_with_step_is_multi_turn_its_other_methods_are_tools_and_its_ste
 
     (judged,) = Agentic.load([], Judged).environment_rewards()
     assert judged.fn([], [], environments=[Judged()], environment_rewards=[3.0]) == [0.5]  # get_reward wins
+
+
+def test_a_run_without_tools_reads_every_turn_as_text_whatever_its_chat_template():
+    """A multi-turn environment with no tool methods, and no ``tools``: ``tool_call_format: auto`` needs no parser
+    (SmolLM2's template says nothing of tool calls) and a turn that looks like a call is the model's text."""
+    from scaletrain.errors import ConfigError
+    from scaletrain.objectives.grpo_options import GRPOOptions
+    from scaletrain.rl.agentic import agentic_engine
+    from scaletrain.rl.tool_calls import parse_turn
+
+    tok = chatml_tokenizer(response_schema=False)
+    tok.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    engine = agentic_engine(None, tok, GRPOOptions(environment_factory=Count), None)
+    assert engine.fmt == "text"
+    text = call("multiply", a=1, b=2)
+    assert parse_turn(tok, tok.encode(text + END, add_special_tokens=False), engine.fmt) == {
+        "role": "assistant", "content": text}
+    with pytest.raises(ConfigError, match="tool_call_format"):
+        agentic_engine(None, tok, GRPOOptions(environment_factory=Count, tools=[multiply]), None)

@@ -27,7 +27,7 @@ from scaletrain.rl.rewards import RewardFunction, _import
 from scaletrain.rl.multi_turn import MultiTurnEngine, episode_record, tool_figures
 from scaletrain.rl.tool_calls import resolve_format
 from scaletrain.rl.env_steps import episode_return, is_multi_turn
-from scaletrain.rl.tools import Toolbox, tool_schema
+from scaletrain.rl.tools import Toolbox, environment_tools, tool_schema
 from scaletrain.user_calls import invoke
 
 
@@ -199,8 +199,12 @@ def agentic_engine(inner: Any, tokenizer: Any, options: Any, config: Any) -> Mul
     options' ``max_tool_calling_iterations``, ``tool_timeout``, ``tool_call_format``, ``max_turns``; ``config``: the
     model's, whose ``max_position_embeddings`` bounds a trajectory)."""
     max_model_len = getattr(config, "max_position_embeddings", None)
-    try:
-        fmt = resolve_format(tokenizer, options.tool_call_format)
+    agentic = Agentic.of(options)
+    offered = agentic is not None and (agentic.tools or any(
+        environment_tools(f()) for f in (agentic.factories or {}).values()))
+    try:  # a run without any tool (multi-turn environments only) parses no calls, whatever its template says
+        fmt = "text" if options.tool_call_format == "auto" and not offered else resolve_format(
+            tokenizer, options.tool_call_format)
     except ValueError as err:
         raise ConfigError(f"objective.tool_call_format: {err}") from None
     return MultiTurnEngine(inner, tokenizer, lambda n: [], fmt, options.max_tool_calling_iterations,

@@ -66,7 +66,10 @@ def _json_calls(blocks: Sequence[str], key: str) -> list[dict[str, Any]] | None:
 
 
 def _parse_text(text: str, fmt: str) -> dict[str, Any]:
-    """``{"role": "assistant", "content", "tool_calls"?}`` of a decoded turn in ``fmt`` (hermes / llama3_json)."""
+    """``{"role": "assistant", "content", "tool_calls"?}`` of a decoded turn in ``fmt`` (hermes / llama3_json; ``text``:
+    a run without tools, where every turn is plain text)."""
+    if fmt == "text":
+        return {"role": "assistant", "content": text}
     if fmt == "hermes":
         blocks = _HERMES.findall(text)
         if not blocks:
