@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from xla_testing import CHEAP_COMPILE
+
 ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -35,7 +37,9 @@ WAIT_S = 240  # ceiling on any wait below; a healthy run takes a fraction of it
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # no fake devices for a real CLI run
+    # no fake devices for a real CLI run, the suite's cheap compile setting, which the driver passes to its Ray
+    # workers (launch/xla_flags.py); no figure here is compared with another process's
+    env = {**os.environ, "XLA_FLAGS": CHEAP_COMPILE}
     env.update(PYTHONPATH=ROOT, RAY_AUTH_MODE="disabled", JAX_PLATFORMS="cpu", **extra)
     return env
 
