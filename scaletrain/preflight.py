@@ -177,6 +177,8 @@ def reward_problems(recipe: Recipe) -> list[str]:
     from scaletrain.rl.rewards import load_rewards
 
     options = recipe.objective.options
+    if not options.get("reward_funcs") and options.get("environment_factory") is not None:
+        return []  # the environment may be the reward (get_reward, a multi-turn one's step rewards): the trainer checks
     try:
         load_rewards(options.get("reward_funcs") or [], options.get("reward_weights"),
                      folders=[recipe.folder] if recipe.folder else [], field="objective.reward_funcs")
