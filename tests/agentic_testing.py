@@ -15,12 +15,12 @@ from typing import Any
 VOCAB = 259
 
 
-def chatml_tokenizer(folder: str | None = None, response_schema: bool = True) -> Any:
-    """The byte-level chat tokenizer (saved to ``folder`` when given)."""
+def chatml_tokenizer(folder: str | None = None, response_schema: bool = True, template: str | None = None) -> Any:
+    """The byte-level chat tokenizer (saved to ``folder`` when given); ``template``: another chat template than
+    Qwen2.5's (then neither TRL, a seconds-long import, nor its response schema)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
-    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
 
     vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -28,9 +28,14 @@ def chatml_tokenizer(folder: str | None = None, response_schema: bool = True) ->
     core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   additional_special_tokens=["<|im_start|>"])
-    tok.chat_template = qwen2_5_chat_template
-    if response_schema:
-        add_response_schema(tok)
+    if template is not None:
+        tok.chat_template = template
+    else:
+        from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+        tok.chat_template = qwen2_5_chat_template
+        if response_schema:
+            add_response_schema(tok)
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
         tok.save_pretrained(folder)
