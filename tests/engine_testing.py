@@ -43,7 +43,4 @@ ENGINE_NAMES: list[str] = list(rollout_engines())
 
 #: (engine, model_type) pairs known not to decode yet, each with why: their tests are strict xfails, so
 #: the pair's test fails (and this entry must go) the day the engine handles the family
-KNOWN_GAPS: dict[tuple[str, str], str] = {
-    ("continuous", "deepseek_v3"): "the paged cache does not hold multi-head latent attention's cache yet "
-                                   "(a broadcast error of the latent/rope widths in the continuous engine)",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}

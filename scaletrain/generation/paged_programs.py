@@ -113,7 +113,9 @@ def _fill_pages(pool: PagedKVCache, prefill: KVCache, ids: Array, page_index: Ar
     cols = width - n + page_index[:, None] * page_size + jnp.arange(page_size)[None, :]  # [J, ps]
     ok = (cols < width)[..., None, None]
 
-    def copy(dst: Array, src: Array) -> Array:
+    def copy(dst: Array | None, src: Array | None) -> Array | None:
+        if dst is None:  # a keys-only pool (multi-head latent attention's)
+            return None
         data = jnp.where(ok, jnp.take(src[0], jnp.clip(cols, 0, width - 1), axis=0), 0).astype(dst.dtype)
         return dst.at[ids].set(data, mode="drop")
 
@@ -149,7 +151,8 @@ class PagedPrograms:
 
         def shard(c: Any) -> Any:
             if isinstance(c, PagedKVCache):
-                return PagedKVCache(*(constrain(x, ((None,) * (x.ndim - 4)) + pool_spec) for x in c))
+                return PagedKVCache(*(None if x is None else constrain(x, ((None,) * (x.ndim - 4)) + pool_spec)
+                                      for x in c))
             return jax.tree.map(lambda x: constrain(x, (pa.batch_axis,)), c)  # per-slot state: slots over batch
 
         cache = shard(cache) if isinstance(cache, PagedKVCache) else [shard(c) for c in cache]
@@ -170,7 +173,8 @@ class PagedPrograms:
         p = input_ids.shape[1]
         mask = mask.astype(jnp.int32)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        hidden, cache = model.forward_with_cache(input_ids, positions, model.init_cache(1, p), 0, mask.astype(bool))
+        hidden, cache = model.forward_with_cache(input_ids, positions, model.init_prefill_cache(1, p), 0,
+                                                 mask.astype(bool))
         return Prefill(cache, model.compute_logits(hidden[:, -1]))
 
     def _insert(self, state: EngineState, prefill: Prefill, n: Array, slots: Array, rows: Array, first: Array,

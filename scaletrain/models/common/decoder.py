@@ -262,14 +262,21 @@ class CausalLM(nnx.Module):
         hidden, _, cache = self.forward(cache_inputs(kinds, input_ids, positions, start, kv_valid), cache)
         return hidden, cache
 
+    def init_prefill_cache(self, batch_size: int, max_length: int, dtype: Any = None) -> Cache:
+        """The contiguous cache a prompt is prefilled into before the continuous engine copies it into pages
+        (:meth:`init_paged_cache`): :meth:`init_cache`, unless a family pages a compressed form of its keys
+        (multi-head latent attention's latent), which its prefill must then write."""
+        return self.init_cache(batch_size, max_length, dtype)
+
     def init_paged_cache(self, slots: int, num_pages: int, page_size: int, dtype: Any = None) -> Cache:
         """Empty per-layer state for decoding ``slots`` sequences over a paged cache: a page pool
         (:class:`PagedKVCache` [num_pages, page_size, kv_heads, head_dim]) for every layer whose
         :meth:`init_cache` state is keys and values, and that state itself, one row per slot, for a layer
         whose state has a fixed size (a linear-attention layer's recurrent and convolution state).
 
-        A layer whose state grows with the sequence but is not keys and values (multi-head latent
-        attention's) has no paged form yet: refused with a :class:`ConfigError`."""
+        A layer whose state grows with the sequence but is not keys and values has no paged form: refused
+        with a :class:`ConfigError` (a family whose keys page in another form overrides this, as
+        DeepSeek-V3's latent pages do)."""
         cfg = self.config
         dtype = self.dtype if dtype is None else dtype
         pool = (num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim)

@@ -28,18 +28,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.dense import Dense, RMSNorm
 from scaletrain.models.common.layers import Attention
 from scaletrain.models.kernels.attention import (
+    KVCache,
     PackedSegments,
     apply_rope,
     causal_blocks,
     dot_product_attention,
     rope_attention_factor,
 )
-from scaletrain.parallel.partition import active_axis_size
+from scaletrain.models.common.inputs import LayerInputs
+from scaletrain.models.kernels.paged_attention import PagedKVCache, gather_pages, write_token
+from scaletrain.parallel.partition import active_axis_size, active_platform
 
 Array = jax.Array
 #: the latent norms' epsilon: transformers builds them with its RMSNorm default, not ``rms_norm_eps``
@@ -102,19 +106,86 @@ class LatentAttention(Attention):
         rotated = apply_rope(deinterleave(x) if self.interleave else x, rope)
         return rotated if self.rope_factor == 1.0 else rotated * jnp.asarray(self.rope_factor, rotated.dtype)
 
+    def _project(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+        """Queries [B, T, heads, nope + rope] (the last ``rope`` dims rotated), the normed latent [B, T, rank]
+        and the rotated shared key [B, T, 1, rope]."""
+        b, t, _ = x.shape
+        q_flat = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q_flat.reshape(b, t, self.num_heads, self.nope + self.rope_dim)
+        latent, k_rot = jnp.split(self.kv_a_proj_with_mqa(x), [self.kv_a_layernorm.weight.shape[0]], axis=-1)
+        q = jnp.concatenate([q[..., :self.nope], self._rotate(q[..., self.nope:], rope)], axis=-1)
+        return q, self.kv_a_layernorm(latent), self._rotate(k_rot[:, :, None, :], rope)
+
+    def _expand(self, latent: Array, k_rot: Array) -> tuple[Array, Array]:
+        """Per-head keys [B, S, heads, nope + rope] and values [B, S, heads, v] of normed latents [B, S, rank]
+        and rotated shared keys [B, S, 1, rope]."""
+        b, s, _ = latent.shape
+        n = self.num_heads
+        kv = self.kv_b_proj(latent).reshape(b, s, n, self.nope + self.v_dim)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
+        k_rot = jnp.broadcast_to(k_rot, (b, s, n, self.rope_dim)).astype(k_nope.dtype)
+        return jnp.concatenate([k_nope, k_rot], axis=-1), v
+
     def _qkv(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
         """Queries and keys [B, T, heads, nope + rope] (position in their last ``rope`` dims), values
         [B, T, heads, v_head_dim]."""
+        q, latent, k_rot = self._project(x, rope)
+        return (q, *self._expand(latent, k_rot))
+
+    def __call__(self, x: Array, inputs: LayerInputs, cache: KVCache | PagedKVCache | None = None
+                 ) -> tuple[Array, KVCache | PagedKVCache | None]:
+        """:class:`Attention`'s call, and over a latent cache (``values`` None; module docstring): write the
+        tokens' latent entries, then attend (a prefill over its own expanded keys, a decode step absorbed)."""
+        if cache is None or cache.values is not None:
+            return super().__call__(x, inputs, cache)
         b, t, _ = x.shape
-        n = self.num_heads
-        q_flat = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q_flat.reshape(b, t, n, self.nope + self.rope_dim)
-        latent, k_rot = jnp.split(self.kv_a_proj_with_mqa(x), [self.kv_a_layernorm.weight.shape[0]], axis=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).reshape(b, t, n, self.nope + self.v_dim)
-        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
-        k_rot = jnp.broadcast_to(self._rotate(k_rot[:, :, None, :], rope), (b, t, n, self.rope_dim))
-        q = jnp.concatenate([q[..., :self.nope], self._rotate(q[..., self.nope:], rope)], axis=-1)
-        return q, jnp.concatenate([k_nope, k_rot.astype(k_nope.dtype)], axis=-1), v
+        q, latent, k_rot = self._project(x, inputs.rope)
+        entry = jnp.concatenate([latent[:, :, None, :], k_rot.astype(latent.dtype)], axis=-1)
+        if isinstance(cache, PagedKVCache):
+            cache = write_token(cache, entry[:, 0], None, inputs.pages)
+            entries, _ = gather_pages(cache, inputs.pages.table)
+            out = self.absorbed_attention(q, entries, inputs.mask)
+        else:
+            keys = lax.dynamic_update_slice_in_dim(cache.keys, entry.astype(cache.keys.dtype), inputs.start, axis=1)
+            cache = KVCache(keys, None)
+            if inputs.mask.shape[-1] == t:  # a prefill: attend over the new tokens' own expanded keys
+                out = self._attend(q, *self._expand(latent, k_rot), inputs.mask)
+            else:
+                out = self.absorbed_attention(q, keys, inputs.mask)
+        return self.o_proj(out.reshape(b, t, -1)), cache
+
+    def value_key_weights(self) -> tuple[Array, Array]:
+        """``kv_b_proj``'s key and value halves per head, [rank, heads, nope] and [rank, heads, v], in the compute
+        dtype (a LoRA or quantised projection: its effective weight, the projection of the identity)."""
+        rank = self.kv_a_layernorm.weight.shape[0]
+        if type(self.kv_b_proj) is Dense and not self.kv_b_proj.fp8:
+            w = self.kv_b_proj.kernel[...].astype(self.dtype)
+        else:
+            w = self.kv_b_proj(jnp.eye(rank, dtype=self.dtype))
+        w = w.reshape(rank, self.num_heads, self.nope + self.v_dim)
+        return w[..., :self.nope], w[..., self.nope:]
+
+    def absorbed_attention(self, q: Array, entries: Array, mask: Array) -> Array:
+        """Attention of queries [B, T, heads, nope + rope] over latent entries [B, S, 1, rank + rope]: the
+        queries' no-position part goes through ``kv_b_proj``'s key half into latent space, every head attends
+        over the shared entries (one key/value head: MQA) with the latent as values, and the value half maps
+        the result to [B, T, heads, v]."""
+        w_k, w_v = self.value_key_weights()
+        rank = w_k.shape[0]
+        q_lat = jnp.einsum("btnd,rnd->btnr", q[..., :self.nope].astype(self.dtype), w_k, precision=self.precision)
+        q_abs = jnp.concatenate([q_lat, q[..., self.nope:].astype(q_lat.dtype)], axis=-1)
+        entries = entries.astype(q_abs.dtype)
+        out = dot_product_attention(q_abs, entries, entries[..., :rank], mask, self.softmax_dtype, self.precision,
+                                    scale=self.scale, pin_keys=active_platform() == "cpu")
+        return jnp.einsum("btnr,rnv->btnv", out.astype(self.dtype), w_v, precision=self.precision)
+
+    def expanded_attention(self, q: Array, entries: Array, mask: Array) -> Array:
+        """What :meth:`absorbed_attention` computes, by expanding every cached entry into per-head keys and
+        values first (the form it is measured against: ``bench/mla_decode.py``)."""
+        rank = self.kv_a_layernorm.weight.shape[0]
+        keys, values = self._expand(entries[:, :, 0, :rank], entries[:, :, :, rank:])
+        return dot_product_attention(q, keys, values, mask, self.softmax_dtype, self.precision, scale=self.scale,
+                                     pin_keys=active_platform() == "cpu")
 
     def _attend(self, q: Array, k: Array, v: Array, mask: Any) -> Array:
         """The einsum path (float32 softmax, causal blocks): cuDNN's fused kernel and the flash kernel take
@@ -129,7 +200,12 @@ class LatentAttention(Attention):
 
     @staticmethod
     def cache_shapes(config: Any, batch: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The decode cache's key and value shapes for one layer."""
+        """The expanded decode cache's key and value shapes for one layer."""
         n = config.num_attention_heads
         return ((batch, length, n, config.qk_nope_head_dim + config.qk_rope_head_dim),
                 (batch, length, n, config.v_head_dim))
+
+    @staticmethod
+    def latent_width(config: Any) -> int:
+        """One token's latent cache entry: the normed latent and the rotated shared key."""
+        return config.kv_lora_rank + config.qk_rope_head_dim

@@ -3,8 +3,9 @@
 
 Every layer returns router statistics (a dense layer's are zero, with no rows), so the
 statistics stack over all layers as the objective and the logged per-expert loads read them.
-The decode cache is one key/value pair per layer, as wide as the family's attention makes them
-(multi-head latent attention: per-head keys of ``nope + rope`` dims and values of ``v_head_dim``).
+The static engine's decode cache is one key/value pair per layer, as wide as the family's attention makes
+them (multi-head latent attention: per-head keys of ``nope + rope`` dims and values of ``v_head_dim``); the
+continuous engine's pages hold DeepSeek-V3's compressed latent instead (keys-only caches).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from scaletrain.models.common.scanned_layers import StackedLayers
 from scaletrain.models.common.shared_moe import SharedExpertMoe, empty_stats
 from scaletrain.models.deepseek_v3.config import DeepseekV3Config, RoutedMoeConfig
 from scaletrain.models.kernels.attention import KVCache
+from scaletrain.models.kernels.paged_attention import PagedKVCache
 from scaletrain.models.task import BASE_MODULE
 
 Array = jax.Array
@@ -108,3 +110,21 @@ class DeepseekV3ForCausalLM(RoutedMoeForCausalLM):
 
     def cache_shapes(self, batch_size: int, max_length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return LatentAttention.cache_shapes(self.config, batch_size, max_length)
+
+    def _latent(self, shape: tuple[int, ...], dtype: Any, wrap: type) -> Cache:
+        """Keys-only latent caches (``values`` None) of ``shape + (1, latent width)`` per layer."""
+        dtype = self.dtype if dtype is None else dtype
+        entry = (*shape, 1, LatentAttention.latent_width(self.config))
+        layers = self.config.num_hidden_layers
+        if isinstance(self.model.layers, StackedLayers):
+            return wrap(jnp.zeros((layers, *entry), dtype), None)
+        return [wrap(jnp.zeros(entry, dtype), None) for _ in range(layers)]
+
+    def init_prefill_cache(self, batch_size: int, max_length: int, dtype: Any = None) -> Cache:
+        """The latent cache a prompt is prefilled into: what the continuous engine's pages hold (the module
+        docstring of :mod:`~scaletrain.models.common.latent_attention`)."""
+        return self._latent((batch_size, max_length), dtype, KVCache)
+
+    def init_paged_cache(self, slots: int, num_pages: int, page_size: int, dtype: Any = None) -> Cache:
+        """One page pool of latent entries per layer, [num_pages, page_size, 1, kv_lora_rank + rope]."""
+        return self._latent((num_pages, page_size), dtype, PagedKVCache)

@@ -26,10 +26,14 @@ Array = jax.Array
 
 
 class PagedKVCache(NamedTuple):
-    """One attention layer's page pool: ``keys`` / ``values`` [num_pages, page_size, kv_heads, head_dim]."""
+    """One attention layer's page pool: ``keys`` / ``values`` [num_pages, page_size, kv_heads, head_dim].
+
+    ``values`` None: a keys-only pool, whose values are the keys' leading dims (multi-head latent
+    attention keeps one compressed latent + rotated key per token, ``[.., 1, kv_lora_rank + rope]``:
+    :mod:`~scaletrain.models.common.latent_attention`)."""
 
     keys: Array
-    values: Array
+    values: Array | None
 
 
 class PageTable(NamedTuple):
@@ -49,17 +53,22 @@ class PageTable(NamedTuple):
 def write_token(cache: PagedKVCache, k: Array, v: Array, pages: PageTable) -> PagedKVCache:
     """``cache`` with each slot's new key and value [slots, kv_heads, head_dim] at its write position."""
     offset = pages.lengths % cache.keys.shape[1]
-    keys = cache.keys.at[pages.write_page, offset].set(k.astype(cache.keys.dtype), mode="drop")
-    values = cache.values.at[pages.write_page, offset].set(v.astype(cache.values.dtype), mode="drop")
-    return PagedKVCache(keys, values)
+
+    def write(pool: Array | None, x: Array | None) -> Array | None:
+        return None if pool is None else pool.at[pages.write_page, offset].set(x.astype(pool.dtype), mode="drop")
+
+    return PagedKVCache(write(cache.keys, k), write(cache.values, v))
 
 
-def gather_pages(cache: PagedKVCache, table: Array) -> tuple[Array, Array]:
-    """Each slot's keys and values in sequence order, [slots, max_pages * page_size, kv_heads, head_dim]."""
+def gather_pages(cache: PagedKVCache, table: Array) -> tuple[Array, Array | None]:
+    """Each slot's keys and values in sequence order, [slots, max_pages * page_size, kv_heads, head_dim]
+    (values None for a keys-only pool)."""
     slots, max_pages = table.shape
-    _, page_size, kv, d = cache.keys.shape
 
-    def read(pool: Array) -> Array:
+    def read(pool: Array | None) -> Array | None:
+        if pool is None:
+            return None
+        _, page_size, kv, d = pool.shape
         return jnp.take(pool, table.reshape(-1), axis=0).reshape(slots, max_pages * page_size, kv, d)
 
     return read(cache.keys), read(cache.values)
