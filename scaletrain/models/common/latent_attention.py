@@ -32,7 +32,7 @@ from jax import lax
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.common.dense import Dense, RMSNorm
-from scaletrain.models.common.layers import Attention
+from scaletrain.models.common.layers import Attention, paged_attention
 from scaletrain.models.kernels.attention import (
     KVCache,
     PackedSegments,
@@ -42,7 +42,7 @@ from scaletrain.models.kernels.attention import (
     rope_attention_factor,
 )
 from scaletrain.models.common.inputs import LayerInputs
-from scaletrain.models.kernels.paged_attention import PagedKVCache, gather_pages, write_token
+from scaletrain.models.kernels.paged_attention import PagedKVCache, write_token
 from scaletrain.parallel.partition import active_axis_size, active_platform
 
 Array = jax.Array
@@ -143,15 +143,14 @@ class LatentAttention(Attention):
         entry = jnp.concatenate([latent[:, :, None, :], k_rot.astype(latent.dtype)], axis=-1)
         if isinstance(cache, PagedKVCache):
             cache = write_token(cache, entry[:, 0], None, inputs.pages)
-            entries, _ = gather_pages(cache, inputs.pages.table)
-            out = self.absorbed_attention(q, entries, inputs.mask)
+            out = self.absorbed_attention(q, cache, inputs)
         else:
             keys = lax.dynamic_update_slice_in_dim(cache.keys, entry.astype(cache.keys.dtype), inputs.start, axis=1)
             cache = KVCache(keys, None)
             if inputs.mask.shape[-1] == t:  # a prefill: attend over the new tokens' own expanded keys
                 out = self._attend(q, *self._expand(latent, k_rot), inputs.mask)
             else:
-                out = self.absorbed_attention(q, keys, inputs.mask)
+                out = self.absorbed_attention(q, keys, inputs)
         return self.o_proj(out.reshape(b, t, -1)), cache
 
     def value_key_weights(self) -> tuple[Array, Array]:
@@ -165,18 +164,22 @@ class LatentAttention(Attention):
         w = w.reshape(rank, self.num_heads, self.nope + self.v_dim)
         return w[..., :self.nope], w[..., self.nope:]
 
-    def absorbed_attention(self, q: Array, entries: Array, mask: Array) -> Array:
-        """Attention of queries [B, T, heads, nope + rope] over latent entries [B, S, 1, rank + rope]: the
-        queries' no-position part goes through ``kv_b_proj``'s key half into latent space, every head attends
-        over the shared entries (one key/value head: MQA) with the latent as values, and the value half maps
-        the result to [B, T, heads, v]."""
+    def absorbed_attention(self, q: Array, cache: Array | PagedKVCache, inputs: LayerInputs) -> Array:
+        """Attention of queries [B, T, heads, nope + rope] over latent entries (``cache``: [B, S, 1, rank + rope],
+        or a keys-only page pool read through ``inputs.pages``): the queries' no-position part goes through
+        ``kv_b_proj``'s key half into latent space, every head attends over the shared entries (one key/value
+        head: MQA) with the latent as values, and the value half maps the result to [B, T, heads, v]."""
         w_k, w_v = self.value_key_weights()
         rank = w_k.shape[0]
         q_lat = jnp.einsum("btnd,rnd->btnr", q[..., :self.nope].astype(self.dtype), w_k, precision=self.precision)
         q_abs = jnp.concatenate([q_lat, q[..., self.nope:].astype(q_lat.dtype)], axis=-1)
-        entries = entries.astype(q_abs.dtype)
-        out = dot_product_attention(q_abs, entries, entries[..., :rank], mask, self.softmax_dtype, self.precision,
-                                    scale=self.scale, pin_keys=active_platform() == "cpu")
+        if isinstance(cache, PagedKVCache):
+            out = paged_attention(q_abs, cache, inputs, self.softmax_dtype, self.precision, self.scale,
+                                  value_dim=rank)
+        else:
+            entries = cache.astype(q_abs.dtype)
+            out = dot_product_attention(q_abs, entries, entries[..., :rank], inputs.mask, self.softmax_dtype,
+                                        self.precision, scale=self.scale, pin_keys=active_platform() == "cpu")
         return jnp.einsum("btnr,rnv->btnv", out.astype(self.dtype), w_v, precision=self.precision)
 
     def expanded_attention(self, q: Array, entries: Array, mask: Array) -> Array:

@@ -33,12 +33,30 @@ from scaletrain.models.common.config import DecoderConfig
 from scaletrain.models.common.dense import Dense, RMSNorm
 from scaletrain.models.kernels.flash_attention import ATTENTION_OUTPUT
 from scaletrain.models.kernels.paged_attention import PagedKVCache, gather_pages, write_token
+from scaletrain.models.kernels.paged_kernel import paged_decode_attention, use_paged_kernel
 from scaletrain.models.kernels.flash_sharding import sharded_flash_attention
 from scaletrain.models.kernels.fp8 import glu_product
 from scaletrain.models.common.placement import active_placement
 from scaletrain.parallel.partition import active_axis_size, active_platform
 
 Array = jax.Array
+
+
+def paged_attention(q: Array, cache: PagedKVCache, inputs: LayerInputs, softmax_dtype: Any, precision: Any,
+                    scale: float | None, sinks: Array | None = None, value_dim: int | None = None) -> Array:
+    """One query per slot [slots, 1, heads, D] over its pages (after its own token was written): the Pallas
+    kernel that walks the page table on GPU (:mod:`~scaletrain.models.kernels.paged_kernel`), else the
+    pages gathered by XLA and the einsum attention. ``value_dim``: a keys-only pool's value width."""
+    d = q.shape[-1]
+    scale = 1.0 / d**0.5 if scale is None else scale
+    if use_paged_kernel():
+        return paged_decode_attention(q, cache, inputs.pages, inputs.mask, scale=scale, sinks=sinks,
+                                      value_dim=value_dim)
+    keys, values = gather_pages(cache, inputs.pages.table)
+    if values is None:
+        values = keys[..., :value_dim]
+    return dot_product_attention(q, keys, values, inputs.mask, softmax_dtype, precision, scale=scale,
+                                 pin_keys=active_platform() == "cpu", sinks=sinks)
 
 
 class Attention(nnx.Module):
@@ -108,10 +126,8 @@ class Attention(nnx.Module):
         q, k, v, gate = self._qkv_gate(x, inputs.rope)
         if isinstance(cache, PagedKVCache):  # one decode step per slot over its pages (inputs.pages)
             cache = write_token(cache, k[:, 0], v[:, 0], inputs.pages)
-            keys, values = gather_pages(cache, inputs.pages.table)
-            out = dot_product_attention(q, keys, values, inputs.mask, self.softmax_dtype, self.precision,
-                                        scale=self.scale, pin_keys=active_platform() == "cpu",
-                                        sinks=self._sink_logits())
+            out = paged_attention(q, cache, inputs, self.softmax_dtype, self.precision, self.scale,
+                                  self._sink_logits())
         elif cache is not None:
             keys = lax.dynamic_update_slice_in_dim(cache.keys, k.astype(cache.keys.dtype), inputs.start, axis=1)
             values = lax.dynamic_update_slice_in_dim(cache.values, v.astype(cache.values.dtype), inputs.start, axis=1)
