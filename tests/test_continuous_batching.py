@@ -188,3 +188,49 @@ def test_row_preempted_and_resumed_equals_one_never_preempted(llama, temperature
     assert stats_roomy["preemptions"] == 0 and stats_tight["preemptions"] > 0
     assert stats_tight["num_pages"] == 22 < stats_roomy["num_pages"] and stats_tight["pages_in_use"] == 0
     _assert_rows_equal(roomy, tight)
+def test_paged_cache_is_sharded_like_the_static_cache_and_tp2_rows_equal_one_device(llama) -> None:
+    """On 4 of the fake devices (fsdp 2 x tp 2): the decode program takes and returns each page pool with its
+    key/value heads over tp and its pages whole, and the per-slot arrays (page table, lengths, tokens) over the
+    batch axes, as docs/generation.md says; the rows it samples equal the one-device run's (tokens equal,
+    log-probs within 1e-5: the attention and head sums are split over tp and reduced in another order, as
+    test_rollout.py's sharded bound)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from scaletrain.generation.continuous import programs_for
+    from scaletrain.generation.paged_programs import Sampler
+    from scaletrain.generation.sampling import inverse_temperature
+    from scaletrain.parallel import create_mesh
+
+    mesh = create_mesh((1, 2, 1, 2, 1), devices=jax.devices()[:4])
+    sharded = tiny_llama(0, mesh=mesh)
+    one, _ = _run(llama, 1.0, slots=3)  # the rows do not depend on the slots (the tests above): the compiled run
+    two, _ = _run(sharded, 1.0, slots=4)
+    for key in ("completion_ids", "completion_mask", "lengths"):
+        np.testing.assert_array_equal(one[key], two[key], err_msg=key)
+    np.testing.assert_allclose(one["log_probs"], two["log_probs"], rtol=0, atol=1e-5)
+
+    # the engine's programs, called as the engine calls them for these prompts (decode straight after init: one
+    # more trace, its input shardings being init's rather than insert's)
+    graphdef, params = nnx.split(sharded)
+    programs = programs_for(graphdef, params)
+    sampling = _sampling(1.0)
+    sampler = Sampler(jnp.asarray(0, jnp.uint32), jnp.asarray(0, jnp.int32), jnp.float32(1.0),
+                      jnp.asarray(inverse_temperature(1.0)), jnp.float32(1.0), jnp.asarray(STOPS, jnp.int32),
+                      jnp.int32(0))
+    pages_per_slot = -(-(32 + NEW) // 4)  # prompt bucket 32 + the completion, 4-token pages
+    with jax.set_mesh(mesh):
+        state = programs.init(params, None, jnp.int32(sampling.pad_token_id), slots=4, num_pages=5 * pages_per_slot,
+                              page_size=4, max_pages=pages_per_slot, rows=8, new=NEW)
+        after, _ = programs.decode(params, None, state, sampler, jnp.asarray(False), new=NEW, greedy=False,
+                                   top_k=None, use_top_p=False, page_size=4, decode_steps=4)
+    pool, slot = P(None, None, "tp", None), P(("dp", "fsdp"))
+    for es in (state, after):  # what the decode program takes, and what it gives back
+        for layer in es.cache:
+            for x in layer:
+                assert x.sharding.is_equivalent_to(NamedSharding(mesh, pool), 4), x.sharding
+        for x in (es.lengths, es.tokens, es.active):
+            assert x.sharding.is_equivalent_to(NamedSharding(mesh, slot), 1), x.sharding
+        assert es.table.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "fsdp"), None)), 2)
