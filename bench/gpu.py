@@ -37,6 +37,10 @@ engine against transformers' ``generate`` on the same device, random weights of 
 architecture, ``--dtype``, 16 prompts x 64 sampled tokens at batch 16 and 64:
 :data:`gpu_cases.ROLLOUT`), its result under ``rollout`` (``--cases ''`` runs it alone).
 
+``--paged`` adds the continuous engine's case (:func:`run_paged`, :data:`gpu_cases.PAGED_ROLLOUT`): SmolLM2-135M's
+and Llama-3.2-1B's architectures at 256 decode slots, the engine's decode attention the Pallas paged kernel,
+beside the static engine and ``generate``, and again with the pages gathered by XLA; under ``paged``.
+
 ``--tiny`` runs the same code paths on a CPU with a toy model and a few steps (the
 contender eager unless ``--contender compile``): that is what the test suite does; its
 numbers mean nothing.
@@ -65,8 +69,8 @@ from common import host_memory_gb  # noqa: E402
 
 # LLAMA_1B and TINY are also read from here by bench/aot.py
 from gpu_cases import (  # noqa: E402
-    CASES, DEFAULT_CASES, DOC_LENGTHS, LLAMA_1B, ROLLOUT, TINY, TINY_CASES, TINY_DOC_LENGTHS, TINY_ROLLOUT, case_rows,
-    clock_marks, process_start_time, steady_rate,
+    CASES, DEFAULT_CASES, DOC_LENGTHS, LLAMA_1B, PAGED_ROLLOUT, ROLLOUT, TINY, TINY_CASES, TINY_DOC_LENGTHS,
+    TINY_PAGED_ROLLOUT, TINY_ROLLOUT, case_rows, clock_marks, process_start_time, steady_rate,
 )
 
 SYSTEMS = ("scaletrain", "hf")
@@ -135,11 +139,11 @@ def worker_command(system: str, spec: dict[str, Any], out: str, torch_python: st
     return [torch_python, os.path.join(HERE, "torch_contender.py"), "--spec", json.dumps(spec), "--out", out]
 
 
-def run_worker(cmd: list[str], workdir: str, timeout: float) -> dict[str, Any]:
-    """One run in a fresh process with empty compile caches; its result, or its error."""
+def run_worker(cmd: list[str], workdir: str, timeout: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One run in a fresh process with empty compile caches (and ``extra_env``); its result, or its error."""
     os.makedirs(workdir)
     out = cmd[cmd.index("--out") + 1]
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"} | (extra_env or {})
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(workdir, "inductor-cache")
     env["TRITON_CACHE_DIR"] = os.path.join(workdir, "triton-cache")
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -178,6 +182,42 @@ def run_rollout(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
     if entry["error"]:
         print(f"[gpu] rollout: FAILED {entry['error']}", flush=True)
     return entry
+
+
+def run_paged(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    """The continuous engine's case (:data:`gpu_cases.PAGED_ROLLOUT`), per architecture, each run in a fresh
+    process: its decode attention the Pallas paged kernel (the GPU default) beside the static engine and
+    transformers' ``generate``, then the continuous engine alone with the pages gathered by XLA
+    (``SCALETRAIN_PAGED_KERNEL=0``), so ``kernel_vs_gather`` is the kernel's own gain. On a CPU (``--tiny``) both
+    runs gather: the plumbing only."""
+    case = TINY_PAGED_ROLLOUT if a.tiny else PAGED_ROLLOUT
+    result: dict[str, Any] = {}
+    for arch in case["archs"]:
+        base = [sys.executable, os.path.join(HERE, "rollout.py"), "--arch", arch, "--dtype", a.dtype,
+                "--workloads", "fixed,long-tailed", "--slots", str(case["slots"])]
+        for key in ("prompts", "batches", "new", "repeats", "chat_prompts", "generations", "cap"):
+            base += ["--" + key.replace("_", "-"), str(case[key])]
+        runs: dict[str, Any] = {}
+        for variant, contenders, env in (("kernel", "continuous,static,generate", {}),
+                                         ("gather", "continuous", {"SCALETRAIN_PAGED_KERNEL": "0"})):
+            cmd = base + ["--contenders", contenders] + (["--no-transformers"] if a.contender == "none" else [])
+            print(f"[gpu] paged {arch} / {variant}: running", flush=True)
+            entry = run_worker(cmd + ["--out", os.path.join(workdir, arch, variant, "result.json")],
+                               os.path.join(workdir, arch, variant), a.timeout, env)
+            entry["command"] = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + shlex.join(cmd)
+            for row in entry.get("rows", []):
+                print(f"[gpu] paged {arch} / {variant} {row['workload']}: " + ", ".join(
+                    f"{n} {f['tok_s']:,.0f} tok/s" for n, f in row["contenders"].items()), flush=True)
+            if entry["error"]:
+                print(f"[gpu] paged {arch} / {variant}: FAILED {entry['error']}", flush=True)
+            runs[variant] = entry
+        pairs = zip(runs["kernel"].get("rows", []), runs["gather"].get("rows", []))
+        runs["kernel_vs_gather"] = {k["workload"]: round(k["contenders"]["continuous"]["tok_s"]
+                                                         / g["contenders"]["continuous"]["tok_s"], 2)
+                                    for k, g in pairs if "continuous" in k["contenders"] and
+                                    "continuous" in g["contenders"]}
+        result[arch] = runs
+    return result
 
 
 def usable(entry: dict[str, Any] | None) -> bool:
@@ -263,12 +303,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="result JSON (default bench/results/gpu-<date>.json)")
     p.add_argument("--rollout", action="store_true",
                    help="also run the rollout case (bench/rollout.py: the engine vs transformers' generate)")
+    p.add_argument("--paged", action="store_true",
+                   help="also run the continuous engine's case (gpu_cases.PAGED_ROLLOUT: 256 slots, the paged kernel)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: run scaletrain's side
     p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.case_names = [c.strip() for c in a.cases.split(",") if c.strip()]
     unknown = [c for c in a.case_names if c not in CASES]
-    if unknown or not (a.case_names or a.rollout):
+    if unknown or not (a.case_names or a.rollout or a.paged):
         p.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
     a.contender = a.contender or ("eager" if a.tiny else "compile")
     return a
@@ -313,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           f"{again.get('first_step_s') or float('nan'):.1f}s", flush=True)
 
         rollout = run_rollout(a, os.path.join(work, "rollout")) if a.rollout else None
+        paged = run_paged(a, os.path.join(work, "paged")) if a.paged else None
 
     # only now (every run has ended) does this process start a JAX backend of its own
     import jax
@@ -344,6 +387,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratios": ratio_values,
         "ratio_notes": notes,
         "rollout": rollout,
+        "paged": paged,
     }
     out = a.out or os.path.join(HERE, "results", f"gpu-{dt.date.today().isoformat()}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

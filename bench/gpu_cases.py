@@ -40,6 +40,13 @@ DEFAULT_CASES = ("single", "packed", "long")
 #: sample ``new`` tokens per row, no early stop, at each batch = prompts x generations)
 ROLLOUT: dict[str, Any] = dict(arch="llama-1b", prompts=16, batches="16,64", new=64, repeats=3)
 TINY_ROLLOUT: dict[str, Any] = dict(arch="tiny", prompts=2, batches="2,4", new=4, repeats=1)
+#: ``bench/gpu.py --paged``: the continuous engine at 256 decode slots (its decode attention the Pallas paged
+#: kernel on GPU) beside the static engine and transformers' generate, both workloads of bench/rollout.py
+#: (fixed: 64 prompts x 4 = 256 rows of ``new`` tokens; long-tailed: 64 prompts x 4, cap 512), per architecture
+PAGED_ROLLOUT: dict[str, Any] = dict(archs=("smollm2-135m", "llama-1b"), slots=256, prompts=64, batches="256",
+                                     new=128, repeats=3, chat_prompts=64, generations=4, cap=512)
+TINY_PAGED_ROLLOUT: dict[str, Any] = dict(archs=("tiny",), slots=4, prompts=2, batches="4", new=4, repeats=1,
+                                          chat_prompts=2, generations=2, cap=8)
 #: shortest and longest document of a packed row (tokens)
 DOC_LENGTHS, TINY_DOC_LENGTHS = (64, 1024), (4, 16)
 
