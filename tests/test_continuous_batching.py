@@ -188,6 +188,8 @@ def test_row_preempted_and_resumed_equals_one_never_preempted(llama, temperature
     assert stats_roomy["preemptions"] == 0 and stats_tight["preemptions"] > 0
     assert stats_tight["num_pages"] == 22 < stats_roomy["num_pages"] and stats_tight["pages_in_use"] == 0
     _assert_rows_equal(roomy, tight)
+
+
 def test_paged_cache_is_sharded_like_the_static_cache_and_tp2_rows_equal_one_device(llama) -> None:
     """On 4 of the fake devices (fsdp 2 x tp 2): the decode program takes and returns each page pool with its
     key/value heads over tp and its pages whole, and the per-slot arrays (page table, lengths, tokens) over the
