@@ -68,11 +68,14 @@ def test_paged_kernel_in_interpret_mode_equals_the_gathered_xla_path(window, sin
 
 def test_paged_kernel_reads_a_keys_only_latent_pool_as_mla_absorbed_attention() -> None:
     """Multi-head latent attention's pages (one latent + rotated key per token, one "head"): scores over both
-    parts, values the latent's dims; equal to the XLA path that slices the gathered keys."""
+    parts, values the latent's dims, the heads in one program or in blocks; equal to the XLA path that slices
+    the gathered keys."""
     q, cache, pages = _case(12, None, kv_heads=1, heads=4)
     mask = paged_mask(pages.lengths, MAX_PAGES * PAGE, None)
-    ours = paged_decode_attention(q, cache, pages, mask, scale=0.25, value_dim=8, interpret=True)
-    _assert_close(ours, _xla(q, cache, pages, mask, 0.25, value_dim=8))
+    ref = _xla(q, cache, pages, mask, 0.25, value_dim=8)
+    for block_rows in (None, 2):  # the 4 heads in one program, and split over two (as 128 heads are on GPU)
+        _assert_close(paged_decode_attention(q, cache, pages, mask, scale=0.25, value_dim=8, interpret=True,
+                                             block_rows=block_rows), ref)
 
 
 @pytest.mark.parametrize("family", ["llama", "mla"])

@@ -3,14 +3,14 @@
 Why: the XLA path (:func:`~scaletrain.models.kernels.paged_attention.gather_pages`) copies every slot's pages
 into a contiguous ``[slots, max_pages * page_size, kv_heads, head_dim]`` array each step and layer, then runs
 the einsum attention over it: on a GPU that is a second pass over the whole cache through memory, the
-resource a decode step is bound by. Here one program per (slot, key/value head) walks the slot's row of the
-page table, reads each page straight from the pool and folds it into an online softmax (running max, sum,
-weighted values, as flash attention does), so each cached key and value is read once and nothing is written
-but the output.
+resource a decode step is bound by. Here one program per (slot, key/value head, block of query rows) walks
+the slot's row of the page table, reads each page straight from the pool and folds it into an online softmax
+(running max, sum, weighted values, as flash attention does), so each cached key and value is read once per
+block of query rows and nothing is written but the output.
 
 What it computes is what :func:`~scaletrain.models.kernels.attention.dot_product_attention` computes over the
 gathered pages with :func:`~scaletrain.models.kernels.paged_attention.paged_mask`: GQA (a program takes the
-``heads / kv_heads`` queries of its key/value head), the mask of the layer (the slot's own position and the
+``heads / kv_heads`` queries of its key/value head, in blocks of 16 rows on GPU), the mask of the layer (the slot's own position and the
 ones before it, within a sliding window when the layer has one: read from the mask, and the pages wholly
 before the window skipped), attention sinks (GPT-OSS: the sink starts the running max and sum), and a
 keys-only pool (multi-head latent attention: the values are the keys' first ``value_dim`` dims, the
@@ -82,7 +82,7 @@ def _dot_t(a: Array, b: Array) -> Array:
 
 def _kernel(bounds_ref, table_ref, mask_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, *, scale: float, page_size: int,
             split: int | None) -> None:
-    """One (slot, key/value head): the online softmax over pages ``bounds[0] .. bounds[1] - 1`` of the slot's row."""
+    """One (slot, key/value head, block of its query rows): the online softmax over pages ``bounds[0] .. bounds[1] - 1`` of the slot's row."""
     rows = q_ref.shape[0]
     width = o_ref.shape[-1]
     q = q_ref[...]
@@ -118,19 +118,22 @@ def _kernel(bounds_ref, table_ref, mask_ref, sink_ref, q_ref, k_ref, v_ref, o_re
 
 def paged_decode_attention(q: Array, cache: PagedKVCache, pages: PageTable, mask: Array, *, scale: float,
                            sinks: Array | None = None, value_dim: int | None = None,
-                           interpret: bool | None = None) -> Array:
+                           interpret: bool | None = None, block_rows: int | None = None) -> Array:
     """Attention of one query per slot ``q`` [slots, 1, heads, D] over the slot's pages of ``cache``.
 
     ``mask`` [slots, 1, 1, max_pages * page_size] (:func:`paged_mask`: the layer's causal window), ``sinks``
     [heads] float32 or None; for a keys-only pool (``cache.values`` None) ``value_dim`` is the values' width,
-    the keys' first dims. ``interpret`` None: inside :func:`interpreted_paged_kernel` only. Returns
-    [slots, 1, heads, value width] in ``q``'s dtype.
+    the keys' first dims. ``interpret`` None: inside :func:`interpreted_paged_kernel` only. ``block_rows``: the
+    query rows of one program (a power of two; default 16 on GPU, the whole padded group interpreted): a
+    large group (MLA's heads all share one latent "head") is split over programs, so its running sums stay
+    small. Returns [slots, 1, heads, value width] in ``q``'s dtype.
     """
     interpret = _INTERPRETED if interpret is None else interpret
     slots, _, heads, d = q.shape
     num_pages, page_size, kv_heads, _ = cache.keys.shape
     group = heads // kv_heads
     rows = _next_pow2(group) if interpret else max(_next_pow2(group), GPU_MIN_ROWS)
+    block = min(rows, block_rows or (rows if interpret else GPU_MIN_ROWS))
     split = None if cache.values is not None else value_dim
     width = cache.values.shape[-1] if split is None else split
     max_pages = pages.table.shape[1]
@@ -142,18 +145,18 @@ def paged_decode_attention(q: Array, cache: PagedKVCache, pages: PageTable, mask
 
     qg = q.reshape(slots, kv_heads, group, d)
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
-    pool = pl.BlockSpec((num_pages, page_size, None, d), lambda s, h: (0, 0, h, 0))
-    specs = [pl.BlockSpec((None, 2), lambda s, h: (s, 0)), pl.BlockSpec((None, cols), lambda s, h: (s, 0)),
-             pl.BlockSpec((None, cols * page_size), lambda s, h: (s, 0))]
+    pool = pl.BlockSpec((num_pages, page_size, None, d), lambda s, h, r: (0, 0, h, 0))
+    specs = [pl.BlockSpec((None, 2), lambda s, h, r: (s, 0)), pl.BlockSpec((None, cols), lambda s, h, r: (s, 0)),
+             pl.BlockSpec((None, cols * page_size), lambda s, h, r: (s, 0))]
     operands = [bounds, table, keep]
     if sinks is not None:
         sink = jnp.pad(sinks.astype(jnp.float32).reshape(kv_heads, group), ((0, 0), (0, rows - group)))
-        specs.append(pl.BlockSpec((None, rows), lambda s, h: (h, 0)))
+        specs.append(pl.BlockSpec((None, block), lambda s, h, r: (h, r)))
         operands.append(sink)
-    specs += [pl.BlockSpec((None, None, rows, d), lambda s, h: (s, h, 0, 0)), pool]
+    specs += [pl.BlockSpec((None, None, block, d), lambda s, h, r: (s, h, r, 0)), pool]
     operands += [qg, cache.keys]
     if split is None:
-        specs.append(pl.BlockSpec((num_pages, page_size, None, width), lambda s, h: (0, 0, h, 0)))
+        specs.append(pl.BlockSpec((num_pages, page_size, None, width), lambda s, h, r: (0, 0, h, 0)))
         operands.append(cache.values)
 
     def kernel(*refs: Ref) -> None:
@@ -167,8 +170,8 @@ def paged_decode_attention(q: Array, cache: PagedKVCache, pages: PageTable, mask
                 page_size=page_size, split=split)
 
     out = pl.pallas_call(
-        kernel, grid=(slots, kv_heads), in_specs=specs,
-        out_specs=pl.BlockSpec((None, None, rows, width), lambda s, h: (s, h, 0, 0)),
+        kernel, grid=(slots, kv_heads, rows // block), in_specs=specs,
+        out_specs=pl.BlockSpec((None, None, block, width), lambda s, h, r: (s, h, r, 0)),
         out_shape=jax.ShapeDtypeStruct((slots, kv_heads, rows, width), q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2), interpret=interpret,
         name="paged_decode_attention",
