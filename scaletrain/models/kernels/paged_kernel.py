@@ -10,9 +10,9 @@ block of query rows and nothing is written but the output.
 
 What it computes is what :func:`~scaletrain.models.kernels.attention.dot_product_attention` computes over the
 gathered pages with :func:`~scaletrain.models.kernels.paged_attention.paged_mask`: GQA (a program takes the
-``heads / kv_heads`` queries of its key/value head, in blocks of 16 rows on GPU), the mask of the layer (the slot's own position and the
-ones before it, within a sliding window when the layer has one: read from the mask, and the pages wholly
-before the window skipped), attention sinks (GPT-OSS: the sink starts the running max and sum), and a
+``heads / kv_heads`` queries of its key/value head, in blocks of 16 rows on GPU), the mask of the layer (the
+slot's own position and the ones before it, within a sliding window when the layer has one: read from the
+mask, and the pages wholly before the window skipped), attention sinks (GPT-OSS: the sink starts the running max and sum), and a
 keys-only pool (multi-head latent attention: the values are the keys' first ``value_dim`` dims, the
 absorbed form of :mod:`~scaletrain.models.common.latent_attention`). Pages past a slot's position are never
 read, so a partial last page and an idle slot cost nothing.
@@ -82,7 +82,8 @@ def _dot_t(a: Array, b: Array) -> Array:
 
 def _kernel(bounds_ref, table_ref, mask_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, *, scale: float, page_size: int,
             split: int | None) -> None:
-    """One (slot, key/value head, block of its query rows): the online softmax over pages ``bounds[0] .. bounds[1] - 1`` of the slot's row."""
+    """One (slot, key/value head, block of its query rows): the online softmax over pages
+    ``bounds[0] .. bounds[1] - 1`` of the slot's row."""
     rows = q_ref.shape[0]
     width = o_ref.shape[-1]
     q = q_ref[...]
