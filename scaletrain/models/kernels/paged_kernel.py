@@ -12,10 +12,10 @@ What it computes is what :func:`~scaletrain.models.kernels.attention.dot_product
 gathered pages with :func:`~scaletrain.models.kernels.paged_attention.paged_mask`: GQA (a program takes the
 ``heads / kv_heads`` queries of its key/value head, in blocks of 16 rows on GPU), the mask of the layer (the
 slot's own position and the ones before it, within a sliding window when the layer has one: read from the
-mask, and the pages wholly before the window skipped), attention sinks (GPT-OSS: the sink starts the running max and sum), and a
-keys-only pool (multi-head latent attention: the values are the keys' first ``value_dim`` dims, the
-absorbed form of :mod:`~scaletrain.models.common.latent_attention`). Pages past a slot's position are never
-read, so a partial last page and an idle slot cost nothing.
+mask, and the pages wholly before the window skipped), attention sinks (GPT-OSS: the sink starts the running
+max and sum), and a keys-only pool (multi-head latent attention: the values are the keys' first
+``value_dim`` dims, the absorbed form of :mod:`~scaletrain.models.common.latent_attention`). Pages past a
+slot's position are never read, so a partial last page and an idle slot cost nothing.
 
 Where it runs: on GPU, lowered by Pallas' Triton backend (the query group is padded to 16 rows for the
 tensor-core dot); on CPU only in Pallas' interpreter (``interpret=True``: the tests, equal to the XLA path);
