@@ -122,6 +122,42 @@ def test_mla_latent_pages_rows_equal_alone_unshared_and_behind_reused_slots(mla)
     assert stats_alone["pages_in_use"] == 0 and stats["pages_in_use"] == 0
 
 
+def test_mla_absorbed_decode_equals_expanded_with_a_lora_kv_b_proj() -> None:
+    """LoRA runs unmerged, so a LoRA ``kv_b_proj`` (non-zero B) is absorbed by its effective weight: attention
+    over latent entries in the absorbed form equals expanding every entry through the adapted projection
+    (float32; 1e-5 of the largest output: the two forms sum the same products in another order, measured
+    1.7e-7)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from scaletrain.models.common.inputs import LayerInputs
+    from scaletrain.models.common.latent_attention import LatentAttention
+    from scaletrain.models.deepseek_v3 import DeepseekV3Config
+    from scaletrain.models.kernels.paged_attention import paged_mask
+    from scaletrain.peft.lora import LoRADense
+
+    config = DeepseekV3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, kv_lora_rank=16, q_lora_rank=None,
+                              qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+    layer = LatentAttention(config, jnp.float32, jnp.float32, None, nnx.Rngs(0))
+    layer.kv_b_proj = LoRADense(layer.kv_b_proj, rank=4, scaling=2.0, quant=None, block_size=16, key=jax.random.key(0))
+    layer.kv_b_proj.lora_b[...] = 0.1 * jax.random.normal(jax.random.key(1), layer.kv_b_proj.lora_b.shape)
+    graphdef, params = nnx.split(layer)
+    rs = np.random.RandomState(0)
+    q = jnp.asarray(rs.standard_normal((2, 1, 4, 16)), jnp.float32)
+    entries = jnp.asarray(rs.standard_normal((2, 12, 1, 24)), jnp.float32)
+    mask = paged_mask(jnp.asarray([5, 11], jnp.int32), 12, None)
+
+    @jax.jit
+    def both(params):
+        attn = nnx.merge(graphdef, params)
+        return attn.absorbed_attention(q, entries, LayerInputs(mask, None, None)), attn.expanded_attention(q, entries,
+                                                                                                           mask)
+
+    absorbed, expanded = (np.asarray(x) for x in both(params))
+    np.testing.assert_allclose(absorbed, expanded, rtol=0, atol=1e-5 * np.abs(expanded).max())
+
+
 def test_a_second_call_compiles_nothing(llama) -> None:
     """One compile per (slots, bucket): a second rollout of other prompts in the same buckets, at another step,
     traces none of the engine's programs again."""
