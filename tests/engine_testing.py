@@ -38,17 +38,17 @@ def rollout_engines() -> dict[str, EngineFactory]:
     return engines
 
 
-def tiny_mla(seed: int = 3) -> Any:
-    """A 2-layer float32 DeepSeek-V3 (a dense layer, then MoE; vocab 128) on one device: multi-head latent
-    attention with a low-rank query, whose continuous-engine pages hold the compressed latent."""
+def tiny_mla(seed: int = 3, layers: int = 2) -> Any:
+    """A float32 DeepSeek-V3 of ``layers`` layers (a dense layer, then MoE; vocab 128) on one device: multi-head
+    latent attention with a low-rank query, whose continuous-engine pages hold the compressed latent."""
     from preference_testing import one_device_mesh
     from scaletrain.models import create_sharded_model
     from scaletrain.models.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 
     config = DeepseekV3Config(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
-                              num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
-                              kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                              n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                              first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
                               max_position_embeddings=64, eos_token_id=1, pad_token_id=0)
     return create_sharded_model(DeepseekV3ForCausalLM, config, seed=seed, mesh=one_device_mesh())[0]
 

@@ -80,8 +80,8 @@ def test_paged_kernel_reads_a_keys_only_latent_pool_as_mla_absorbed_attention() 
 
 @pytest.mark.parametrize("family", ["llama", "mla"])
 def test_decode_steps_through_the_kernel_equal_the_gathered_path(family, request) -> None:
-    """Three decode steps of a whole model over pages (a tiny Llama: GQA; a tiny DeepSeek-V3: absorbed MLA over
-    latent pages), jitted, with the layers' attention through the interpreted kernel and through XLA's
+    """Three decode steps of a whole one-layer model over pages (a tiny Llama: GQA; a tiny DeepSeek-V3: absorbed
+    MLA over latent pages), jitted, with the layers' attention through the interpreted kernel and through XLA's
     gather: the same hidden states and pools at every step."""
     from scaletrain.models.kernels.paged_kernel import interpreted_paged_kernel
 
@@ -113,14 +113,14 @@ def test_decode_steps_through_the_kernel_equal_the_gathered_path(family, request
 def llama():
     from preference_testing import tiny_llama
 
-    return tiny_llama(0)
+    return tiny_llama(0, layers=1)
 
 
 @pytest.fixture(scope="module")
 def mla():
     from engine_testing import tiny_mla
 
-    return tiny_mla()
+    return tiny_mla(layers=1)
 
 
 @pytest.mark.parametrize("shape", ["smollm2", "mla"])
