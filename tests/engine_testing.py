@@ -48,7 +48,8 @@ def tiny_mla(seed: int = 3, layers: int = 2) -> Any:
     config = DeepseekV3Config(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
                               n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-                              first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                              first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                              qk_nope_head_dim=8, v_head_dim=8,
                               max_position_embeddings=64, eos_token_id=1, pad_token_id=0)
     return create_sharded_model(DeepseekV3ForCausalLM, config, seed=seed, mesh=one_device_mesh())[0]
 
