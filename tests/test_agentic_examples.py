@@ -94,3 +94,18 @@ def test_calculator_and_guess_the_number_environments_score_as_documented():
     assert game.step("5") == ("Higher.", None, False) and game.step("I guess 9, or 8") == ("Lower.", None, False)
     assert game.step("no idea") == ("Reply with one number from 1 to 10.", None, False) and game.get_reward() == 0.0
     assert game.step("7") == (None, None, True) and game.get_reward() == pytest.approx(0.6)  # the third guess
+
+
+def test_exact_answer_reads_the_models_last_reply_not_a_tool_result_or_user_turn():
+    """A multi-turn completion that stops after the tool's result (the model wrote nothing more) is not answered:
+    the tool's text, though it holds the answer, is not the model's (in a run of the calculator example, before
+    this rule, such episodes scored exact_answer 1)."""
+    from scaletrain.rl.rewards import exact_answer
+
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "multiply", "arguments": {"a": 748, "b": 58}}}]}
+    result = {"role": "tool", "name": "multiply", "content": "43384"}
+    completions = [[call, result], [call, result, {"role": "assistant", "content": "43384"}],
+                   [{"role": "assistant", "content": "5"}, {"role": "user", "content": "Higher. 43384"}],
+                   [{"role": "assistant", "content": "43384"}], "43384"]
+    assert exact_answer([None] * 5, completions, answer=["43384"] * 5) == [0.0, 1.0, 0.0, 1.0, 1.0]

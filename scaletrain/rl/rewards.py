@@ -46,14 +46,24 @@ logger = logging.getLogger("scaletrain")
 RewardFn = Callable[..., Sequence[float | None]]
 
 
-def completion_text(completion: Any) -> str:
-    """The text of a completion: itself, or the content of its last message."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content", "")
+def message_text(messages: Any) -> str:
+    """The text of a prompt or completion: itself, or the content of its last message."""
+    if isinstance(messages, str):
+        return messages
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        content = messages[-1].get("content", "")
         return content if isinstance(content, str) else str(content)
-    return str(completion)
+    return str(messages)
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: itself, or the content of its last **assistant** message. Why not the last
+    message: a multi-turn completion that stops after a tool result or an environment's user turn (the model
+    said nothing more) ends with text the model did not write, which must not count as its answer."""
+    if isinstance(completion, list) and completion and all(isinstance(m, dict) for m in completion):
+        replies = [m for m in completion if m.get("role", "assistant") == "assistant"]
+        return message_text(replies[-1:] or [{"content": ""}])
+    return message_text(completion)
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -262,7 +272,7 @@ def _rows_text(numbers: Sequence[int]) -> str:
 
 
 def _row_text(prompts: list[Any], completions: list[Any], row: int) -> str:
-    return f"prompt {completion_text(prompts[row])[:80]!r}, completion {completion_text(completions[row])[:80]!r}"
+    return f"prompt {message_text(prompts[row])[:80]!r}, completion {message_text(completions[row])[:80]!r}"
 
 
 def _number(func: RewardFunction, value: Any, row: int, row_number: int, prompts: list[Any],
