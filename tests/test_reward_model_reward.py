@@ -56,24 +56,40 @@ def test_a_causal_lm_folder_as_reward_model_is_refused_in_one_line(tmp_path):
         load_rewards([{"model": str(tmp_path / "lm")}])
 
 
-def test_one_grpo_step_runs_with_a_reward_model_beside_a_python_reward(reward_folder, tmp_path):
+def test_one_grpo_step_runs_with_a_reward_model_beside_a_python_reward_which_a_resume_checks(reward_folder, tmp_path):
+    """One step with a reward model beside a Python reward; the reward model is a frozen model: its folder and a
+    digest of its weights are in the checkpoint, and a resume after its weights changed is refused, naming
+    ``reward_funcs[0].model`` (as a changed reference is)."""
     import shutil
 
+    from scaletrain.errors import CheckpointError
     from scaletrain.recipe import Recipe
     from scaletrain.run import run_training
 
     shutil.copytree(reward_folder, tmp_path / "tok", ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    rm = str(tmp_path / "rm")
+    shutil.copytree(reward_folder, rm)
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p, _, _ in RAGGED_PAIRS[:2]))
     out = tmp_path / "run"
-    recipe = tiny_grpo_recipe(str(tmp_path), {"output_dir": str(out), "total_batch_size": 8, "max_training_steps": 1,
-                                              "save_at_end": False},
-                              {"reward_funcs": [{"model": reward_folder}, "format_regex"], "reward_weights": [1.0, 0.5]})
-    run_training(Recipe.from_dict(recipe))
+
+    def recipe(steps):
+        return Recipe.from_dict(tiny_grpo_recipe(
+            str(tmp_path), {"output_dir": str(out), "total_batch_size": 8, "max_training_steps": steps,
+                            "save_at_end": True, "resume_if_possible": True},
+            {"reward_funcs": [{"model": rm}, "format_regex"], "reward_weights": [1.0, 0.5]}))
+
+    run_training(recipe(1))
     records = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
     record = next(r for r in records if r["split"] == "train")
     assert np.isfinite(record["rewards/rm/mean"]) and record["rewards/rm/mean"] != 0
     assert record["reward"] == pytest.approx(record["rewards/rm/mean"] + 0.5 * record["rewards/format_regex/mean"],
                                              abs=1e-5)
+    record = json.loads((out / "summary.json").read_text())["reward_funcs[0].model"]
+    assert record["reward_funcs[0].model"] == rm and len(record["reward_funcs[0].model_sha256"]) == 64
+    hf_reward_model(rm, seed=2)  # the same folder, other weights
+    with pytest.raises(CheckpointError, match=r"trained against the reward_funcs\[0\]\.model .*differs.*resume "
+                                              r"with the same objective\.reward_funcs\[0\]\.model"):
+        run_training(recipe(2))
 
 
 def test_a_reward_model_of_another_tokenizer_is_refused_in_one_line(reward_folder, tmp_path):

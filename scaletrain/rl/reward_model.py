@@ -10,9 +10,11 @@ jitted program on the devices the policy trains on (the model's mesh over all of
 multiple of :data:`LENGTH_BUCKET` tokens so a run compiles it a few times, not once per step.
 
 Its tokenizer must be the policy's (the same vocabulary), else the run is refused in one line.
-Limits: one process (a multi-process run scores each process's rows on the host, which a global forward does
-not fit: refused in one line); the model is loaded on the first call, not recorded in checkpoints beside the
-reference (a resume compares the ``reward_funcs`` entry, the folder's path, not its weights).
+It is a frozen model like the reference (``training/frozen.py``): loaded when the trainer sets up its
+model, its folder and a digest of its weights recorded in every checkpoint under ``reward_funcs[i].model``
+(:func:`record_reward_models`), and a resume whose reward model's weights changed is refused in one line
+naming that field. Limit: one process (a multi-process run scores each process's rows on the host, which a
+global forward does not fit: refused in one line).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ModelReward:
 
     def __init__(self, folder: str, field: str = "reward_funcs[0]", policy_tokenizer: Any = None):
         self.folder = reward_model_folder(folder, field)
+        self.field = f"{field}.model"  # its name among the run's frozen models (training/frozen.py)
         self.__name__ = os.path.basename(os.path.normpath(self.folder))
         self._loaded: tuple[Any, Any, Any, Any] | None = None
         if policy_tokenizer is not None:
@@ -72,6 +75,22 @@ class ModelReward:
             raise ConfigError(f"{field}.model={self.folder!r}: its tokenizer ({len(mine)} tokens) is not the "
                               f"policy's ({len(theirs)} tokens, {differ} entries differ); use a reward model trained "
                               "from the policy's tokenizer family")
+
+    def loaded(self) -> tuple[Any, Any, Any, Any]:
+        """``(model, mesh, tokenizer, jitted score)``, loaded once."""
+        if self._loaded is None:
+            self._loaded = self._load()
+        return self._loaded
+
+    def record(self) -> dict[str, Any]:
+        """``{field: folder, field_sha256: digest of its weights}``: what checkpoints hold of it (the reference's
+        form, ``training/frozen.py``)."""
+        from flax import nnx
+
+        from scaletrain.training.state import params_sha256
+
+        return {self.field: self.folder, f"{self.field}_sha256": params_sha256(nnx.to_pure_dict(nnx.state(
+            self.loaded()[0], nnx.Param)))}
 
     def _load(self) -> tuple[Any, Any, Any, Any]:
         import jax
@@ -100,9 +119,7 @@ class ModelReward:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
         import jax
 
-        if self._loaded is None:
-            self._loaded = self._load()
-        model, mesh, tokenizer, score = self._loaded
+        model, mesh, tokenizer, score = self.loaded()
         encoded = tokenizer(self.texts(prompts, completions, tokenizer), padding=True, padding_side="right",
                             add_special_tokens=False, return_tensors="np")
         ids, mask = np.asarray(encoded["input_ids"], np.int32), np.asarray(encoded["attention_mask"], np.int32)
@@ -112,3 +129,14 @@ class ModelReward:
         mask = np.pad(mask, pad)
         with jax.set_mesh(mesh):
             return [float(x) for x in np.asarray(score(model, ids, mask))]
+
+
+def record_reward_models(frozen_models: Any, functions: Sequence[Any]) -> None:
+    """Add each reward model among ``functions`` (``RewardFunction`` s) to the run's frozen models
+    (``training.frozen.FrozenModels``): loaded now, recorded by digest, checked on resume."""
+    from scaletrain.training.frozen import FrozenSetup
+
+    for function in functions:
+        fn = getattr(function, "fn", function)
+        if isinstance(fn, ModelReward):
+            frozen_models.add(FrozenSetup(fn.field, "model", None, fn.record()))

@@ -43,7 +43,7 @@ from scaletrain.objectives.registry import get_objective_type, register_trainer,
 from scaletrain.rl.config import GRPOConfig, RLConfig
 from scaletrain.rl.batch import kept_prompt_columns
 from scaletrain.rl.prompt_batches import PromptBatch, PromptBatches
-from scaletrain.rl import rollout_store
+from scaletrain.rl import reward_model, rollout_store
 from scaletrain.rl.advantages import on_host, reward_figures, weighted_rewards
 from scaletrain.rl.agentic import Agentic, agentic_engine, objective_record, run_rewards, sample_step
 from scaletrain.rl.flops import StepFlops, TokenCost, adapter_parameters
@@ -209,9 +209,10 @@ class GRPOTrainer(Trainer):
         return self.set_up_frozen_models(built)
 
     def set_up_frozen_models(self, built: Any) -> Any:
-        """The frozen models read (``training/frozen.py``): GRPO's KL reference, beside the state; a subclass's own."""
+        """The frozen models read (``training/frozen.py``): the KL reference, the reward models; a subclass's own."""
         o, model = self.options, built.model
         self.frozen_models.declare("reference")  # recorded (None without one), checked on resume: training/frozen.py
+        reward_model.record_reward_models(self.frozen_models, self.reward_functions)
         if o.beta != 0.0:  # the KL reference: a frozen copy, a model folder, or the LoRA base (adapters off)
             state: TrainState = built.state
             self._reference = self.frozen_models.add(set_up("reference", o.reference, model, state.graphdef,
@@ -310,8 +311,7 @@ class GRPOTrainer(Trainer):
         return self._flops.interval(seconds)
 
     def _row_sharding(self, ndim: int) -> NamedSharding:
-        """A batch key of rank ``ndim`` as the update reads it (``rank_sharding`` of the batch sharding): rows over
-        the batch axes."""
+        """A batch key of rank ``ndim`` as the update reads it: rows over the batch axes (``rank_sharding``)."""
         return rank_sharding(self.batch_sharding, ndim)
 
     def _layout(self) -> RowLayout:
