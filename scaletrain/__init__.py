@@ -46,6 +46,8 @@ _EXPORTS: dict[str, str] = {
     "GRPOConfig": "scaletrain.rl.config",
     "GRPOTrainer": "scaletrain.rl.trainer",
     "RLOOConfig": "scaletrain.rl.config",
+    "PPOConfig": "scaletrain.rl.config",
+    "PPOTrainer": "scaletrain.rl.ppo",
     "RLOOTrainer": "scaletrain.rl.variants",
     "ReinforcePPConfig": "scaletrain.rl.config",
     "ReinforcePPTrainer": "scaletrain.rl.variants",

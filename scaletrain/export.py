@@ -69,10 +69,27 @@ def load_checkpoint_model(
             graphdef, params, frozen = _lora_model(module_class, config, args, dtype, param_dtype, precision)
         check_lora_base(meta.get("lora"), base_record(join_trainable(graphdef, params, frozen), frozen),
                         checkpointer.path(step))
+        if _has_value_head(meta):  # PPO: the value head is read with the policy, then left out of the policy
+            params = {**params, **value_head_shapes(params, config.hidden_size)}
         params = checkpointer.restore_params(step, params)
+        params.pop(VALUE_HEAD, None)
     finally:
         checkpointer.close()
     return join_trainable(graphdef, params, frozen), meta
+
+
+VALUE_HEAD = "score"
+
+
+def value_head_shapes(params: Any, hidden_size: int) -> dict[str, Any]:
+    """``{"score": {"kernel": [hidden, 1]}}`` as a ``ShapeDtypeStruct``, replicated on the mesh of ``params``
+    (``models/common/score_head.attach_value_head`` places it so), to restore a PPO checkpoint's value head."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    leaf = jax.tree.leaves(params)[0]
+    sharding = NamedSharding(leaf.sharding.mesh, PartitionSpec())
+    return {VALUE_HEAD: {"kernel": jax.ShapeDtypeStruct((hidden_size, 1), leaf.dtype, sharding=sharding)}}
 
 
 def _abstract_model(module_class: type, config: Any, dtype: Any, param_dtype: Any,
@@ -143,6 +160,14 @@ def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, max_s
     if lora_config_of(model) is not None and not merge:
         return save_peft_adapter(model, out_dir)
     return save_hf_checkpoint(merge_lora(model), out_dir, tokenizer=tokenizer_for(meta), max_shard_size=max_shard_size)
+
+
+def _has_value_head(meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint's objective trains a value head beside the policy (PPO's ``score``)."""
+    from scaletrain.objectives.registry import get_objective_type, objective_types
+
+    name = (meta.get("objective") or {}).get("name")
+    return name in objective_types() and get_objective_type(name).value_head
 
 
 def _task(meta: dict[str, Any]) -> str:

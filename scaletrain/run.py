@@ -266,6 +266,7 @@ def objective_trainer(recipe: Recipe) -> tuple[Any, dict[str, Any]]:
     import scaletrain.rl.trainer  # noqa: F401  (registers GRPOTrainer)
     import scaletrain.rl.variants  # noqa: F401  (registers RLOOTrainer, ReinforcePPTrainer)
     import scaletrain.rl.distill  # noqa: F401  (registers DistillationTrainer, GKDTrainer)
+    import scaletrain.rl.ppo  # noqa: F401  (registers PPOTrainer)
     from scaletrain.objectives.registry import trainer_setup
 
     return trainer_setup(recipe.objective.type, recipe.objective.options)

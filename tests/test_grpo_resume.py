@@ -21,36 +21,40 @@ PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a frui
            "is the cat a dog", "say goodbye"]
 
 
-def _worker(workdir, run, kill_at=None, reference=None):
+def _worker(workdir, run, kill_at=None, reference=None, objective="grpo"):
     cmd = [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + ([reference] if reference
                                                                                            else [])
     # one CPU device (the suite's 8 are for the mesh tests): the run compiles several times faster; the cheap
     # compile setting too, as every run compared here is such a child (tests/xla_testing.py)
-    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1)}
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1), "RESUME_OBJECTIVE": objective}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
-def _train_records(path):
-    keys = ("loss", "kl", "clip_ratio/region_mean", "reward")
+def _train_records(path, objective="grpo"):
+    keys = ("loss", "kl", "clip_ratio/region_mean", "reward") if objective == "grpo" else (
+        "loss", "loss/value_avg", "val/clipfrac_avg", "reward")
     return {r["step"]: tuple(r.get(k) for k in keys)
             for r in map(json.loads, path.read_text().splitlines()) if r["split"] == "train"}
 
 
 @pytest.mark.slow
-def test_sigkill_inside_a_num_iterations_cycle_and_resume_is_bitwise_identical(tmp_path):
+@pytest.mark.parametrize("objective", ["grpo", "ppo"])
+def test_sigkill_inside_a_num_iterations_cycle_and_resume_is_bitwise_identical(tmp_path, objective):
+    """GRPO, and PPO (its value head in the state, its per-token advantages and returns in the stored rollout)."""
     word_tokenizer(str(tmp_path / "tok"))
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    ref = _worker(tmp_path, "ref")
+    ref = _worker(tmp_path, "ref", objective=objective)
     assert ref.returncode == 0, ref.stderr[-3000:]
     # steps 1 3 5... sample (every 3rd step, from 1), the checkpoint of step 2 sits inside the first cycle
-    killed = _worker(tmp_path, "run", kill_at=3)
+    killed = _worker(tmp_path, "run", kill_at=3, objective=objective)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     data = json.loads((tmp_path / "run" / "checkpoints" / "2" / "data" / "metadata").read_text())
     assert data["train"]["repeat"] == 2 and data["train"]["rollout"]["index"] == 0  # the rollout of step 1, stored
-    other = export(tiny_llama(seed=11, layers=1), str(tmp_path / "other_reference"))
-    refused = _worker(tmp_path, "run", reference=other)
-    assert refused.returncode != 0 and "trained against the reference" in refused.stderr, refused.stderr[-3000:]
-    resumed = _worker(tmp_path, "run")
+    if objective == "grpo":  # the reference check is the same code for both
+        other = export(tiny_llama(seed=11, layers=1), str(tmp_path / "other_reference"))
+        refused = _worker(tmp_path, "run", reference=other)
+        assert refused.returncode != 0 and "trained against the reference" in refused.stderr, refused.stderr[-3000:]
+    resumed = _worker(tmp_path, "run", objective=objective)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "sampling it again" not in resumed.stderr
     ref_summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
@@ -58,7 +62,16 @@ def test_sigkill_inside_a_num_iterations_cycle_and_resume_is_bitwise_identical(t
     assert summary["resumed_from"].endswith("/2") and summary["final_step"] == 6
     assert summary["params_sha256"] == ref_summary["params_sha256"]
     assert summary["reference"] == ref_summary["reference"] and summary["reference"]["reference"].startswith("starting")
-    records = _train_records(tmp_path / "run" / "metrics.jsonl")
-    assert records == _train_records(tmp_path / "ref" / "metrics.jsonl") and len(records) == 6
+    records = _train_records(tmp_path / "run" / "metrics.jsonl", objective)
+    assert records == _train_records(tmp_path / "ref" / "metrics.jsonl", objective) and len(records) == 6
     assert [s for s, r in sorted(records.items()) if r[3] is not None] == [1, 4]  # rewards come with each rollout
     assert records[3][2] is not None and records[3][0] != records[1][0]  # the reused rollout's update moved
+    if objective == "ppo":  # the export is the policy, a causal LM transformers loads (the value head left out)
+        from safetensors import safe_open
+
+        from scaletrain.export import export_checkpoint
+
+        folder = export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"))
+        with safe_open(os.path.join(folder, "model.safetensors"), framework="np") as f:
+            assert "score.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
+        assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

@@ -161,6 +161,13 @@ class AdvantageSpec:
         return jnp.nan_to_num(adv.astype(jnp.float32), nan=0.0)
 
 
+    def form(self, rewards: Array, batch: Mapping[str, Any], num_generations: int,
+             kl_rows: Array | None = None) -> tuple[dict[str, Array], dict[str, Array]]:
+        """``({"advantages": [N]}, {})``: what a rollout's first update adds to its batch, and no figures (PPO's
+        :class:`~scaletrain.objectives.ppo_loss.GAESpec` adds per-token advantages and returns, and figures)."""
+        return {"advantages": self(rewards, num_generations, kl_rows)}, {}
+
+
 def batch_normalised(adv: Array) -> Array:
     """``(A - mean) / (std + 1e-4)`` over the scored completions of the whole batch."""
     return (adv - nanmean(adv)) / (nanstd(adv) + EPS)

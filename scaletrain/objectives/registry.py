@@ -38,6 +38,8 @@ class ObjectiveType:
     preparation: str | None = None
     #: the model it trains: a causal LM, or a score-head model (``sequence-classification``: reward models)
     model_task: str = CAUSAL_LM
+    #: its model carries a value head (``score``) beside the language-model head (PPO): checkpoints hold it
+    value_head: bool = False
 
 
 _REGISTRY: dict[str, ObjectiveType] = {}
@@ -230,6 +232,17 @@ def _register_grpo() -> None:
 
 
 _register_grpo()
+
+
+def _register_ppo() -> None:
+    from scaletrain.objectives.ppo_options import PPOOptions, build_ppo_objective
+
+    # GRPO's rollout with a value head and GAE; scaletrain.rl.ppo registers its trainer
+    register_objective(ObjectiveType("ppo", PPOOptions, build_ppo_objective, "prompt",
+                                     tuple(PPOOptions.model_fields), own_trainer=True, value_head=True))
+
+
+_register_ppo()
 
 
 def _register_distillation() -> None:

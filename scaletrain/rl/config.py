@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, model_validator
 from scaletrain.arguments import TrainingArguments
 from scaletrain.objectives.distill_options import DistillationOptions, GKDOptions
 from scaletrain.objectives.grpo_options import TRL_VLLM_OPTIONS, GRPOOptions
+from scaletrain.objectives.ppo_options import PPOOptions
 from scaletrain.objectives.rl_variant_options import ReinforcePPOptions, RLOOOptions
 
 
@@ -102,6 +103,16 @@ class ReinforcePPConfig(RLConfig):
     options_field: ClassVar[str] = "reinforce_pp"
     options_model: ClassVar[type[GRPOOptions]] = ReinforcePPOptions
     reinforce_pp: ReinforcePPOptions = Field(default_factory=ReinforcePPOptions)
+
+
+class PPOConfig(RLConfig):
+    """TrainingArguments with the options of TRL's last ``PPOConfig`` in ``ppo`` (``num_ppo_epochs``, ``kl_coef``,
+    ``cliprange``, ``vf_coef``, ``cliprange_value``, ``gamma``, ``lam``, ``whiten_rewards``, ``value_model`` ...)
+    over GRPO's rollout options."""
+
+    options_field: ClassVar[str] = "ppo"
+    options_model: ClassVar[type[GRPOOptions]] = PPOOptions
+    ppo: PPOOptions = Field(default_factory=PPOOptions)
 
 
 class DistillationConfig(RLConfig):

@@ -32,7 +32,7 @@ from scaletrain.generation import rollout_rows
 from scaletrain.objectives.advantage_estimators import AdvantageSpec
 from scaletrain.objectives.grpo_loss import importance_sampling_ratio
 from scaletrain.objectives.reference import adapters_off
-from scaletrain.objectives.token_logps import completion_token_stats
+from scaletrain.objectives.token_logps import completion_token_stats, completion_token_stats_and_values
 from scaletrain.peft.lora import join_trainable
 from scaletrain.rl.batch import truncated_mask
 
@@ -40,7 +40,8 @@ Array = jax.Array
 FOR_HOST = ("completion_ids", "lengths", "truncated")  # what the host reads of a rollout: decoded for the rewards
 REWARDS = "rewards"
 KL_ROWS = "kl_rows"  # [N] each completion's summed policy-vs-reference log-ratio, for an estimator with kl_coef
-FRESH_ONLY = (REWARDS, KL_ROWS)  # what only a fresh rollout's first update reads  # the batch key of the [N] weighted rewards a fresh rollout's update turns into advantages
+FORMED = ("advantages", "returns")  # what a rollout's first update forms from its rewards (returns: PPO's)
+FRESH_ONLY = (REWARDS, KL_ROWS)  # what only a fresh rollout's first update reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,7 @@ class ScoreSpec:
     mask_truncated_completions: bool
     importance_sampling: tuple[str, float | None, float | None] | None = None  # (mode, clip_min, clip_max)
     kl_rows: bool = False  # the estimator takes a KL off the reward (RLOO's beta): each row's summed log-ratio
+    values: bool = False  # PPO: the old log-probs and the value head's values of every rollout (GAE reads both)
 
 
 def gap_figures(trainer_logps: Array, sampler_logps: Array, mask: Array) -> dict[str, Array]:
@@ -78,8 +80,10 @@ def make_score_program(graphdef: Any, spec: ScoreSpec, batch_sharding_of: Callab
     keys = ["input_ids", "segment_ids", "positions", "completion_mask"]
     if spec.check_in_update:
         keys.append("sampler_logps")
-    if spec.num_iterations > 1:
+    if spec.num_iterations > 1 or spec.values:
         keys.append("old_logps")
+    if spec.values:
+        keys.append("values")
     if spec.beta != 0.0:
         keys.append("ref_logps")
     if spec.importance_sampling is not None:
@@ -99,10 +103,14 @@ def make_score_program(graphdef: Any, spec: ScoreSpec, batch_sharding_of: Callab
         if spec.check_in_update:
             batch["sampler_logps"] = sampler
         else:  # the trainer's forward at the sampling parameters: the old log-probs and the sampler check
-            policy = completion_token_stats(join_trainable(graphdef, params, frozen), ids, seg, pos, width,
-                                            spec.temperature)[0]
+            model = join_trainable(graphdef, params, frozen)
+            if spec.values:  # one forward: the log-probs and the value head's values (PPO's GAE reads both)
+                policy, _, batch["values"] = completion_token_stats_and_values(model, ids, seg, pos, width,
+                                                                               spec.temperature)
+            else:
+                policy = completion_token_stats(model, ids, seg, pos, width, spec.temperature)[0]
             out = gap_figures(policy, sampler, raw_mask)
-            if spec.num_iterations > 1:
+            if spec.num_iterations > 1 or spec.values:
                 batch["old_logps"] = policy
             if spec.importance_sampling is not None:
                 batch["importance_sampling_ratio"] = importance_sampling_ratio(policy, sampler, mask,
@@ -124,19 +132,31 @@ def make_score_program(graphdef: Any, spec: ScoreSpec, batch_sharding_of: Callab
 
 
 def learn_step(state: Any, batch: dict[str, Array], *, update: Callable[..., tuple[Any, dict[str, Array]]],
-               num_generations: int, estimator: AdvantageSpec, replicated: Any) -> tuple[Any, dict[str, Array], Array]:
-    """``(state, metrics, advantages)``: a fresh rollout's ``rewards`` [N] made into ``advantages`` by the
-    objective's ``estimator`` (``objectives/advantage_estimators.py``; a reused rollout's batch carries them
-    already), then ``update(state, batch)`` (``training.steps.train_step``).
+               num_generations: int, estimator: AdvantageSpec, replicated: Any
+               ) -> tuple[Any, dict[str, Array], dict[str, Array]]:
+    """``(state, metrics, formed)``: a fresh rollout's ``rewards`` [N] made into ``advantages`` by the
+    objective's ``estimator`` (``objectives/advantage_estimators.py``; PPO's GAE adds per-token ``returns``
+    and its figures), then ``update(state, batch)`` (``training.steps.train_step``); ``formed``: the keys
+    the estimator added, which join the batch a reuse reads (a reused rollout's batch carries them already,
+    and they come back as they are).
 
     The rewards are gathered whole onto every device (``replicated``) before the group and batch statistics:
     each device then computes every advantage alike, with no sum across devices or processes, so any mesh
     and any process count give the same bits."""
-    batch = dict(batch)
+    batch, figures = dict(batch), {}
+    formed = {k: batch[k] for k in FORMED if k in batch}
     if REWARDS in batch:
         rewards = jax.lax.with_sharding_constraint(batch.pop(REWARDS), replicated)
         kl_rows = batch.pop(KL_ROWS, None)
         kl_rows = None if kl_rows is None else jax.lax.with_sharding_constraint(kl_rows, replicated)
-        batch["advantages"] = estimator(rewards, num_generations, kl_rows)
+        formed, figures = estimator.form(rewards, batch, num_generations, kl_rows)
+        batch.update(formed)
     state, metrics = update(state, batch)
-    return state, metrics, batch["advantages"]
+    return state, {**metrics, **figures}, formed
+
+
+def row_advantages(formed: dict[str, Array], mask: Array | None = None) -> Array:
+    """[N]: a completion's advantage as ``completions.jsonl`` shows it; per-token advantages (PPO's) at the
+    completion's first token."""
+    advantages = formed["advantages"]
+    return advantages if advantages.ndim == 1 else advantages[:, 0]

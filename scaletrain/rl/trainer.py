@@ -52,7 +52,7 @@ from scaletrain.rl.process_rows import RowLayout
 from scaletrain.rl.rewards import recorded_spec
 from scaletrain.rl.row_scores import score_rows
 from scaletrain.rl.scoring import completion_metrics, completion_records, decode, logs_completions
-from scaletrain.rl.step_programs import FRESH_ONLY, REWARDS, ScoreSpec, learn_step, make_score_program
+from scaletrain.rl.step_programs import FRESH_ONLY, REWARDS, ScoreSpec, learn_step, make_score_program, row_advantages
 from scaletrain.parallel.host import to_host
 from scaletrain.parallel.partition import axis_names
 from scaletrain.training.base import batch_sharding
@@ -239,7 +239,7 @@ class GRPOTrainer(Trainer):
                           state_sh, self.batch_sharding, (state_sh, replicated, self._row_sharding(1)),
                           donate_argnums=(0,))
         spec = ScoreSpec(temperature=o.temperature, check_in_update=self._check_in_update,
-                         num_iterations=o.num_iterations, beta=o.beta,
+                         num_iterations=o.num_iterations, beta=o.beta, values="values" in self.objective.batch_keys,
                          mask_truncated_completions=o.mask_truncated_completions,
                          importance_sampling=(o.vllm_importance_sampling_mode, o.vllm_importance_sampling_clip_min,
                                               o.vllm_importance_sampling_clip_max)
@@ -296,13 +296,13 @@ class GRPOTrainer(Trainer):
             host = self._scored.metrics
         scored = self._scored
         start = time.perf_counter()
-        state, metrics, advantages = self.sharded_training_step_function(state, scored.batch)
+        state, metrics, formed = self.sharded_training_step_function(state, scored.batch)
         jax.block_until_ready(metrics["loss"])
         seconds = time.perf_counter() - start
         if REWARDS in scored.batch:  # its first update: the advantages join the batch that a reuse reads
-            scored.batch = {**{k: v for k, v in scored.batch.items() if k not in FRESH_ONLY}, "advantages": advantages}
+            scored.batch = {**{k: v for k, v in scored.batch.items() if k not in FRESH_ONLY}, **formed}
             if scored.shown is not None:
-                self._log_completions(step, scored.shown, advantages)
+                self._log_completions(step, scored.shown, row_advantages(formed))
         return state, {**metrics, **host, "time/update": seconds,
                        **self._flops.update(scored.update_flops, scored.update_tokens, seconds)}
 

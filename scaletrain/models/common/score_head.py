@@ -112,3 +112,30 @@ def fresh_score(module_class: type, tensors: Any, targets: dict[str, Any], initi
     draw = jax.jit(lambda key: (jax.random.normal(key, target.shape, jnp.float32) * initializer_range)
                    .astype(target.dtype), out_shardings=target.sharding)
     return {SCORE_PARAM: draw(jax.random.key(0))}
+
+
+def value_head_std(hidden_size: int) -> float:
+    """The standard deviation a fresh value head is drawn with: OpenRLHF's critic initialises its
+    ``value_head`` from N(0, (1 / (hidden + 1))²), small enough that the first values are near 0."""
+    return 1.0 / (hidden_size + 1)
+
+
+def attach_value_head(model: Any, kernel: Any = None, seed: int = 0) -> Any:
+    """``model`` (a causal LM) with a value head ``score`` beside its ``lm_head``: the token-score form of
+    :class:`ScoreHead` (``[hidden, 1]``, no bias, HF's ``score.weight`` layout), trained with the policy (it is
+    one more parameter of the module, so the optimizer, checkpoints and resume carry it). ``kernel`` [hidden, 1]
+    (from a reward model's ``score.weight``, transposed) or, None, drawn by :func:`value_head_std` from ``seed``;
+    replicated on the mesh the model lives on (it is ``hidden`` numbers)."""
+    config = model.config
+    head = Dense(config.hidden_size, 1, ("embed", "norm"), use_bias=False, config=config, dtype=model.dtype,
+                 param_dtype=model.param_dtype, precision=None, rngs=nnx.Rngs(seed))
+    if kernel is None:
+        kernel = jax.random.normal(jax.random.key(seed), (config.hidden_size, 1), jnp.float32)
+        kernel = kernel * value_head_std(config.hidden_size)
+    mesh = next(leaf.sharding.mesh for leaf in jax.tree.leaves(nnx.state(model))
+                if isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    head.kernel.set_value(jax.device_put(jnp.asarray(kernel, model.param_dtype), replicated))
+    model.score = head
+    return model
+
