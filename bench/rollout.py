@@ -104,7 +104,8 @@ def summarise(case: dict[str, Any], name: str, calls: list[rc.Call], first: rc.C
     row = {"tok_s": round(statistics.median(rates), 1), "tok_cpu_s": round(statistics.median(cpu_rates), 1),
            "wall_s": [round(c.wall_s, 3) for c in calls], "lengths": wl.length_summary(mid.lengths, case["cap"]),
            "cache_bytes": mid.cache_bytes, "used_bytes": mid.used_bytes, "live_bytes": live,
-           "cache_over_live": None if mid.cache_bytes is None else round(mid.cache_bytes / live, 2)}
+           "cache_over_live": None if mid.cache_bytes is None else round(mid.cache_bytes / live, 2),
+           "preemptions": mid.preemptions}
     if first is not None:
         same_seed = calls[0].wall_s  # the first timed call repeats the first call's seed
         row.update(first_call_s=round(first.wall_s, 2), first_call_cpu_s=round(first.cpu_s, 2),
@@ -142,6 +143,10 @@ def print_case(row: dict[str, Any]) -> None:
         print(f"| {name} | {f['tok_s']:,.1f} | {f['tok_cpu_s']:,.1f} | {first} | {ln['min']}/{ln['median']:g}/"
               f"{ln['max']}, {ln['at_cap']} | {cache} | {f['live_bytes'] / 2**20:,.1f} | "
               f"{'' if f['cache_over_live'] is None else f['cache_over_live']} |")
+    for name, f in row["contenders"].items():
+        if f.get("used_bytes") is not None:
+            print(f"{name}: pages held at peak {f['used_bytes'] / 2**20:,.1f} MiB "
+                  f"({f['used_bytes'] / f['live_bytes']:.2f}x live), {f['preemptions']} rows preempted")
     print("ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()), flush=True)
 
 

@@ -39,13 +39,15 @@ HF_PAGE = 32
 class Call:
     """One timed call: wall and CPU seconds, each row's completion length (stop token included), and the
     key/value cache bytes it held at its peak (None where the contender does not say); ``used_bytes``: of
-    those, the most its rows occupied at once, where it says (the continuous engine's pages in use)."""
+    those, the most its rows occupied at once, where it says (the continuous engine's pages in use);
+    ``preemptions``: rows the continuous engine preempted because its page pool ran short."""
 
     wall_s: float
     cpu_s: float
     lengths: np.ndarray
     cache_bytes: int | None
     used_bytes: int | None = None
+    preemptions: int | None = None
 
 
 Run = Callable[[list[list[int]], int, int, tuple[int, ...], int], Call]
@@ -113,7 +115,7 @@ def scaletrain_engine(name: str, model_dir: str, dtype: str, slots: int) -> Run 
             stats = getattr(engine, "stats", {})
             page = getattr(engine, "page_size", 0) * per_token
             cache, used = (stats.get(k) and stats[k] * page for k in ("num_pages", "peak_pages"))
-            return Call(wall, cpu, lengths, cache, used)
+            return Call(wall, cpu, lengths, cache, used, stats.get("preemptions"))
         return Call(wall, cpu, lengths, cache)
 
     return run
