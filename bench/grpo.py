@@ -2,7 +2,7 @@
 
 ``python bench/grpo.py [--model DIR] [--prompts examples/grpo/prompts.jsonl] [--batch 16]
 [--num-generations 4] [--max-completion-length 32] [--steps 8] [--warmup 2] [--only trl,scaletrain]
-[--compare-tree DIR --rounds 2]``
+[--rollout-engine static|continuous] [--compare-tree DIR --rounds 2]``
 
 Both contenders train the same model (a local Hugging Face folder; default the converted
 SmolLM2-135M-Instruct in ``~/.cache/scaletrain``), full fine-tuning in float32, on the same
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--learning-rate", type=float, default=1e-6)
     p.add_argument("--only", default="trl,scaletrain")
+    p.add_argument("--rollout-engine", default="static", choices=("static", "continuous"),
+                   help="the engine scaletrain's GRPOTrainer samples with (objective.rollout_engine)")
     p.add_argument("--out", default=None)
     p.add_argument("--compare-tree", default=None, help="another checkout: scaletrain there against here")
     p.add_argument("--rounds", type=int, default=2, help="with --compare-tree: before/after pairs, alternating")
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--steps {a.steps} must exceed --warmup {a.warmup}")
     case = {"model": a.model, "rows": load_rows(a.prompts, 4 * a.batch), "batch": a.batch,
             "num_generations": a.num_generations, "max_completion_length": a.max_completion_length,
-            "steps": a.steps, "learning_rate": a.learning_rate}
+            "steps": a.steps, "learning_rate": a.learning_rate, "rollout_engine": a.rollout_engine}
     if a.compare_tree is not None:
         return compare_trees(a, case, argv)
     rows: dict[str, Any] = {}
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{r['median_step_cpu_s']:.2f} CPU-s/step, "
                   f"load {r['load_avg_before'][0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
     result = {"model": a.model, "batch": a.batch, "num_generations": a.num_generations,
+              "rollout_engine": a.rollout_engine,
               "max_completion_length": a.max_completion_length, "steps": a.steps, "warmup": a.warmup,
               "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "contenders": rows,
               "command": "python bench/grpo.py " + " ".join(argv if argv is not None else sys.argv[1:])}
@@ -146,6 +149,7 @@ def compare_trees(a: argparse.Namespace, case: dict[str, Any], argv: list[str] |
     median = {k: statistics.median(r["median_step_s"] for r in v) for k, v in runs.items()}
     median_cpu = {k: statistics.median(r["median_step_cpu_s"] for r in v) for k, v in runs.items()}
     result = {"model": a.model, "batch": a.batch, "num_generations": a.num_generations,
+              "rollout_engine": a.rollout_engine,
               "max_completion_length": a.max_completion_length, "steps": a.steps, "warmup": a.warmup,
               "cpus": os.cpu_count(), "trees": trees, "runs": runs, "median_step_s": median,
               "median_step_cpu_s": median_cpu,

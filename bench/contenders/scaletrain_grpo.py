@@ -64,7 +64,7 @@ def main() -> None:
         options = {"num_generations": case["num_generations"], "max_completion_length": case["max_completion_length"],
                    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "beta": 0.0, "loss_type": "dapo",
                    "scale_rewards": "group", "num_iterations": 1, "mask_truncated_completions": False,
-                   "log_completions": False}
+                   "log_completions": False, "rollout_engine": case.get("rollout_engine", "static")}
         trainer = st.GRPOTrainer(model=model, reward_funcs=[exact_answer], args=args, train_dataset=case["rows"],
                                  processing_class=tok, options=options, callbacks=[Clock()])
         start, start_cpu = time.perf_counter(), time.process_time()
