@@ -6,18 +6,21 @@ Here rows wait in a queue; a slot whose row stops gives its pages back and takes
 waiting row, so the slots stay full until the work runs out. How a request flows:
 
 1. **queue**: prompts in request order, each with its G samples (rows ``i * G .. i * G + G - 1``).
-2. **prefill**: when a slot is free, the next prompt is prefilled once (one program per
-   prompt-length bucket), whatever its G.
+2. **prefill**: when a slot and its pages are free, the next prompt is prefilled once (one program
+   per prompt-length bucket), whatever its G; a prompt longer than ``prefill_chunk`` is prefilled
+   one chunk per host turn, with a decode call between two chunks.
 3. **slot + pages**: its samples go into free slots; they share the prompt's whole pages and
    each gets its own copy of the last, partial one (:mod:`~scaletrain.generation.paged_programs`).
 4. **decode**: one program runs up to ``decode_steps`` steps for every slot on the device, and
-   returns early only when a slot freed up and rows wait; the host reads which slots are live
-   (one small array) and refills.
+   returns early only when a slot freed up and rows wait, or before a step the page pool cannot
+   give pages for; the host reads which slots are live (one small array), preempts the youngest
+   row if the pool ran short, and refills.
 5. **done**: a row's tokens and log-probabilities are written at its request row as they are
    drawn, so the result comes back in request order, as :class:`~scaletrain.generation.engine.Rollout`.
 
 What is compiled: ``init`` and ``decode`` once per (slots, pages, rows bucket,
-``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per prompt bucket.
+``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per prompt bucket,
+``prefill_cache`` and ``prefill_chunk`` once per bucket longer than a chunk, ``preempt`` once.
 """
 
 from __future__ import annotations
@@ -57,9 +60,12 @@ class ContinuousBatchEngine:
     sample on its own (what the shared prefill is measured against). The page pool holds
     ``cache_pages`` pages, or ``cache_fraction`` of every slot at its longest
     (:func:`~scaletrain.generation.page_pool.pool_pages`); when it runs short the youngest row is
-    preempted and sampled again later, to the same tokens. ``stats`` after a call: ``prefills``
-    (prompt prefills run), ``decode_calls``, ``preemptions``, ``peak_pages`` and ``pages_in_use``
-    (held after the call: 0 when every page came back), ``num_pages``.
+    preempted and sampled again later, to the same tokens. A prompt whose bucket is longer than
+    ``prefill_chunk`` tokens is prefilled in chunks of that many, one chunk between two decode calls, so
+    the live slots keep decoding meanwhile. ``stats`` after a call: ``prefills`` (prompt prefills run),
+    ``prefill_chunks`` (chunks of long prompts), ``decode_calls``, ``decodes_between_chunks`` (decode calls
+    run while a long prompt was part-way prefilled), ``preemptions``, ``peak_pages`` and
+    ``pages_in_use`` (held after the call: 0 when every page came back), ``num_pages``.
     """
 
     sampling: SamplingParams
@@ -69,16 +75,18 @@ class ContinuousBatchEngine:
     share_prefix: bool = True
     cache_pages: int | None = None
     cache_fraction: float = 0.75
+    prefill_chunk: int = 256
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 < self.cache_fraction <= 1:
             raise ValueError(f"cache_fraction must be in (0, 1], got {self.cache_fraction}")
-        for name in ("slots", "page_size", "decode_steps"):
+        for name in ("slots", "page_size", "decode_steps", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.page_size & (self.page_size - 1):
-            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        for name in ("page_size", "prefill_chunk"):
+            if getattr(self, name) & (getattr(self, name) - 1):
+                raise ValueError(f"{name} must be a power of two, got {getattr(self, name)}")
 
     def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
                  step: int = 0) -> Rollout:
@@ -119,8 +127,13 @@ class ContinuousBatchEngine:
                                         rows=rows_bucket, new=new)
         waiting = deque(_Entry(i, list(range(i * g, i * g + g))) for i in range(len(prompts)))
         free, live, free_pages = list(range(self.slots)), 0, num_pages
-        prefills = decode_calls = preemptions = 0
+        prefills = decode_calls = preemptions = chunks = between_chunks = 0
         while True:
+            head = waiting[0] if waiting else None
+            if head is not None and head.prefill is None and self._bucket(prompts[head.prompt]) > self.prefill_chunk:
+                self._prefill_chunk(programs, params, frozen, head, prompts[head.prompt])  # one chunk per turn
+                chunks += 1
+                prefills += head.prefill is not None
             while waiting and free:
                 entry = waiting[0]
                 n = len(prompts[entry.prompt])
@@ -133,11 +146,14 @@ class ContinuousBatchEngine:
                 if not take:
                     break
                 if entry.prefill is None:
+                    if self._bucket(prompts[entry.prompt]) > self.prefill_chunk:
+                        break  # a long prompt still being prefilled, chunk by chunk
                     p_ids, p_mask = left_pad([prompts[entry.prompt]], sampling.pad_token_id,
-                                             round_up_pow2(n, max(MIN_PROMPT_BUCKET, self.page_size)))
+                                             self._bucket(prompts[entry.prompt]))
                     entry.prefill = programs.prefill(params, frozen, p_ids, p_mask)
-                    entry.held = jnp.zeros((p_ids.shape[1] // self.page_size,), jnp.int32)
                     prefills += 1
+                if entry.held is None:
+                    entry.held = jnp.zeros((self._bucket(prompts[entry.prompt]) // self.page_size,), jnp.int32)
                 slots = np.full((g,), self.slots, np.int32)
                 slots[:take] = free[:take]
                 row_ids = np.full((g,), rows_bucket, np.int32)
@@ -152,6 +168,7 @@ class ContinuousBatchEngine:
             es, status = programs.decode(params, frozen, es, sampler, jnp.asarray(bool(waiting)), **flags,
                                          decode_steps=self.decode_steps)
             decode_calls += 1
+            between_chunks += bool(waiting) and waiting[0].chunk_cache is not None
             status = np.array(status)
             active, slot_rows, (free_pages, short) = status[:self.slots], status[self.slots:2 * self.slots], status[-2:]
             if short:  # the pool cannot give the next step's pages: the youngest row leaves and waits again
@@ -168,7 +185,8 @@ class ContinuousBatchEngine:
         if bool(es.short):
             raise RuntimeError(f"the paged cache ran out of its {num_pages} pages inside a step (an engine bug: "
                                "insertion checks the free pages and decoding preempts before a step that would)")
-        self.stats = dict(prefills=prefills, decode_calls=decode_calls, preemptions=preemptions,
+        self.stats = dict(prefills=prefills, prefill_chunks=chunks, decode_calls=decode_calls,
+                          decodes_between_chunks=between_chunks, preemptions=preemptions,
                           peak_pages=int(es.peak_pages), pages_in_use=int(jnp.sum(es.counts > 0)),
                           num_pages=num_pages)
         lengths = jnp.sum(es.out_mask[:rows], axis=1)
@@ -176,14 +194,38 @@ class ContinuousBatchEngine:
                        es.out_ids[:rows], es.out_mask[:rows], es.out_lp[:rows], lengths, ~es.stopped[:rows],
                        jnp.max(lengths))
 
+    def _bucket(self, prompt: list[int]) -> int:
+        """The prompt-length bucket ``prompt`` is left-padded to (a power of two, at least 16 and one page)."""
+        return round_up_pow2(len(prompt), max(MIN_PROMPT_BUCKET, self.page_size))
+
+    def _prefill_chunk(self, programs: PagedPrograms, params: Any, frozen: Any, entry: _Entry,
+                       prompt: list[int]) -> None:
+        """Prefill ``entry``'s next ``prefill_chunk`` tokens; its :class:`Prefill` is set after the last one.
+        Chunks of left padding alone are skipped (their slots stay masked out)."""
+        size = self.prefill_chunk
+        ids, mask = left_pad([prompt], self.sampling.pad_token_id, self._bucket(prompt))
+        if entry.chunk_cache is None:
+            entry.chunk_cache = programs.prefill_cache(params, frozen, width=ids.shape[1])
+            entry.chunk_at = (ids.shape[1] - len(prompt)) // size * size
+        at = entry.chunk_at
+        out = programs.prefill_chunk(params, frozen, entry.chunk_cache, ids[:, at:at + size], mask, jnp.int32(at))
+        entry.chunk_at += size
+        if entry.chunk_at >= ids.shape[1]:
+            entry.prefill, entry.chunk_cache = out, None
+        else:
+            entry.chunk_cache = out.cache
+
 
 @dataclasses.dataclass
 class _Entry:
     """A queued prompt: its index, the request rows still to sample from it (G, or one preempted row), how
-    many of them sit in slots, and once prefilled its :class:`Prefill` and the pages its whole pages took."""
+    many of them sit in slots, once prefilled its :class:`Prefill` and the pages its whole pages took, and
+    while a long prompt is prefilled in chunks the cache so far and the slot its next chunk starts at."""
 
     prompt: int
     rows: list[int]
     placed: int = 0
     prefill: Any = None
     held: Any = None
+    chunk_cache: Any = None
+    chunk_at: int = 0

@@ -127,10 +127,13 @@ class PagedPrograms:
 
     def __init__(self, graphdef: Any):
         self.graphdef = graphdef
-        self.traces = {"init": 0, "prefill": 0, "insert": 0, "decode": 0, "preempt": 0}
+        self.traces = {"init": 0, "prefill": 0, "prefill_cache": 0, "prefill_chunk": 0, "insert": 0, "decode": 0,
+                       "preempt": 0}
         self.init = jax.jit(self._init, static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows",
                                                          "new"))
         self.prefill = jax.jit(self._prefill)
+        self.prefill_cache = jax.jit(self._prefill_cache, static_argnames=("width",))
+        self.prefill_chunk = jax.jit(self._prefill_chunk, donate_argnames=("cache",))
         self.insert = jax.jit(self._insert, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size"),
                               donate_argnames=("state",))
         self.decode = jax.jit(self._decode, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size",
@@ -175,6 +178,28 @@ class PagedPrograms:
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
         hidden, cache = model.forward_with_cache(input_ids, positions, model.init_prefill_cache(1, p), 0,
                                                  mask.astype(bool))
+        return Prefill(cache, model.compute_logits(hidden[:, -1]))
+
+    def _prefill_cache(self, params: Any, frozen: Any, *, width: int) -> Any:
+        """The empty contiguous cache of batch 1 and ``width`` slots a chunked prefill writes into."""
+        self.traces["prefill_cache"] += 1
+        return self._model(params, frozen).init_prefill_cache(1, width)
+
+    def _prefill_chunk(self, params: Any, frozen: Any, cache: Any, input_ids: Array, mask: Array,
+                       start: Array) -> Prefill:
+        """One chunk of a long prompt: ``input_ids`` [1, C], the tokens at slots ``[start, start + C)`` of the
+        prompt left-padded to its bucket (``mask`` [1, P] marks its real tokens), written into ``cache`` over the
+        slots before them; the logits are the chunk's last position's (the prompt's, after its last chunk).
+
+        Why chunks: a prompt prefilled whole holds the device for its whole length while every live slot
+        waits; in chunks, the host runs a decode call between two of them. One compile per (bucket, chunk)."""
+        self.traces["prefill_chunk"] += 1
+        model = self._model(params, frozen)
+        c = input_ids.shape[1]
+        mask = mask.astype(jnp.int32)
+        positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+        positions = jax.lax.dynamic_slice_in_dim(positions, start, c, axis=1)
+        hidden, cache = model.forward_with_cache(input_ids, positions, cache, start, mask.astype(bool))
         return Prefill(cache, model.compute_logits(hidden[:, -1]))
 
     def _insert(self, state: EngineState, prefill: Prefill, n: Array, slots: Array, rows: Array, first: Array,
