@@ -1,6 +1,7 @@
 """A GRPO recipe run killed with SIGKILL inside a ``num_iterations`` cycle and resumed ends with the parameters
 and figures of an uninterrupted run (the reused rollout comes back from the checkpoint); resuming against another
-reference model is refused, naming it."""
+reference model is refused, naming it. A multi-turn run (tool and environment turns) killed and resumed replays
+the same episodes to the same parameters."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from xla_testing import child_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "grpo_resume_worker.py")
+AGENTIC_WORKER = os.path.join(ROOT, "tests", "agentic_resume_worker.py")
 PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog",
            "is the cat a dog", "say goodbye"]
 
 
-def _worker(workdir, run, kill_at=None, reference=None, objective="grpo"):
-    cmd = [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + ([reference] if reference
-                                                                                           else [])
+def _worker(workdir, run, kill_at=None, reference=None, objective="grpo", cmd=None):
+    cmd = cmd or [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + (
+        [reference] if reference else [])
     # one CPU device (the suite's 8 are for the mesh tests): the run compiles several times faster; the cheap
     # compile setting too, as every run compared here is such a child (tests/xla_testing.py)
     env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1), "RESUME_OBJECTIVE": objective}
@@ -75,3 +77,37 @@ def test_sigkill_inside_a_num_iterations_cycle_and_resume_is_bitwise_identical(t
         with safe_open(os.path.join(folder, "model.safetensors"), framework="np") as f:
             assert "score.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
         assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_multi_turn_run_resumes_to_the_same_parameters_and_episodes(tmp_path):
+    """Episodes with tool turns and environment turns (``agentic_resume_worker.py``): environments seeded by
+    ``(seed, step, row)``, later turns by ``(seed, turn)``, so the resumed run replays steps 3 and 4 exactly."""
+    from agentic_testing import chatml_tokenizer
+
+    chatml_tokenizer(str(tmp_path / "tok"))
+
+    def run(out, kill_at=None):
+        return _worker(tmp_path, out, cmd=[sys.executable, AGENTIC_WORKER, str(tmp_path / out), str(tmp_path / "tok")]
+                       + ([str(kill_at)] if kill_at else []))
+
+    ref = run("ref")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    killed = run("run", kill_at=3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run("run")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (tmp_path / "run" / "params_sha256").read_text() == (tmp_path / "ref" / "params_sha256").read_text()
+    episodes = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert episodes == [json.loads(line) for line in (tmp_path / "ref" / "completions.jsonl").read_text()
+                        .splitlines()]
+    assert [e["step"] for e in episodes] == [s for s in (1, 2, 3, 4) for _ in range(8)]
+    roles = [t["role"] for e in episodes for t in e["completion"]["turns"]]
+    assert roles.count("tool") >= 16 and roles.count("user") >= 8  # tool turns and environment turns were replayed
+    keys = ("loss", "reward", "tools/call_frequency", "tools/environment_tokens", "tools/turns_per_episode")
+    records = {r["step"]: tuple(r.get(k) for k in keys)
+               for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+               if r["split"] == "train"}
+    assert records == {r["step"]: tuple(r.get(k) for k in keys)
+                       for r in map(json.loads, (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines())
+                       if r["split"] == "train"} and len(records) == 4
