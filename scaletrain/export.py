@@ -69,10 +69,12 @@ def load_checkpoint_model(
             graphdef, params, frozen = _lora_model(module_class, config, args, dtype, param_dtype, precision)
         check_lora_base(meta.get("lora"), base_record(join_trainable(graphdef, params, frozen), frozen),
                         checkpointer.path(step))
-        if _has_value_head(meta):  # PPO: the value head is read with the policy, then left out of the policy
+        value_head = _has_value_head(meta)
+        if value_head:  # PPO: the value head is read with the policy, then left out of the policy
             params = {**params, **value_head_shapes(params, config.hidden_size)}
         params = checkpointer.restore_params(step, params)
-        params.pop(VALUE_HEAD, None)
+        if value_head:  # a reward model's own `score` is its head, not a value head: it stays
+            params.pop(VALUE_HEAD, None)
     finally:
         checkpointer.close()
     return join_trainable(graphdef, params, frozen), meta
