@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "scaletrain"
 MEMBERS = ("name", "batch_keys", "frozen_models", "normaliser", "reference_source", "precomputed_keys",
            "logged_metrics", "sequences_per_row", "sampler_check", "batch_totals", "reference_inputs",
            "loss_and_sums", "zero_sums", "step_metrics", "eval_metrics")
-RL_KINDS = ("grpo", "rloo", "reinforce_pp", "distillation", "gkd")  # one completion a row; the others: pairs
+RL_KINDS = ("grpo", "rloo", "reinforce_pp", "distillation", "gkd", "ppo")  # one completion a row; the others: pairs
 
 
 @pytest.mark.parametrize("kind", [k for k in objective_types() if k != "lm"])

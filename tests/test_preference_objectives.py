@@ -191,7 +191,7 @@ def test_precomputed_reference_log_probs_equal_the_live_reference_and_are_reused
     ({"type": "simpo", "cpo_alpha": -1}, "objective.cpo_alpha"),
     ({"type": "kto", "desirable_weigth": 1.0}, "objective.desirable_weigth"),
     ({"type": "orpo", "reference": "/some/folder"}, "objective.reference"),
-    ({"type": "ppo"}, "objective.type"),
+    ({"type": "a2c"}, "objective.type"),
 ])
 def test_bad_objective_configs_name_their_field(section, field):
     with pytest.raises(ConfigError) as err:
