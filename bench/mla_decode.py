@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from common import alternate  # noqa: E402
 
 #: the tiny configuration of tests/test_continuous_batching.py and a mid-size one (DeepSeek-V2-Lite's attention:
 #: 16 heads, rank 512, nope 128, rope 64, v 128, hidden 2048)
@@ -36,20 +36,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mid": dict(hidden_size=2048, num_attention_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
                 qk_nope_head_dim=128, v_head_dim=128),
 }
-
-
-def _median_ms(run: Any, rounds: int, steps: int) -> list[float]:
-    """Wall milliseconds per call of ``run()`` for each of ``rounds`` bursts of ``steps`` calls."""
-    import jax
-
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            out = run()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / steps * 1e3)
-    return times
 
 
 def measure(name: str, slots: int, length: int, rounds: int, steps: int) -> dict[str, Any]:
@@ -79,11 +65,10 @@ def measure(name: str, slots: int, length: int, rounds: int, steps: int) -> dict
     expanded = jax.jit(lambda p, q, e, m: nnx.merge(graphdef, p).expanded_attention(q, e, m))
     a, b = absorbed(params, q, entries, mask), expanded(params, q, entries, mask)
     err = float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
-    times: dict[str, list[float]] = {"absorbed": [], "expanded": []}
-    for _ in range(rounds):  # alternated bursts: both forms see the same machine load
-        times["absorbed"] += _median_ms(lambda: absorbed(params, q, entries, mask), 1, steps)
-        times["expanded"] += _median_ms(lambda: expanded(params, q, entries, mask), 1, steps)
-    ms = {k: statistics.median(v) for k, v in times.items()}
+    # alternated bursts (bench/common.py): both forms see the same machine load
+    timed = alternate({"absorbed": lambda: absorbed(params, q, entries, mask),
+                       "expanded": lambda: expanded(params, q, entries, mask)}, rounds, steps)
+    ms = {k: 1e3 * timed[f"{k}_wall_s"] for k in ("absorbed", "expanded")}
     return dict(config=name, slots=slots, cached_tokens=length, absorbed_ms=round(ms["absorbed"], 3),
                 expanded_ms=round(ms["expanded"], 3), expanded_over_absorbed=round(ms["expanded"] / ms["absorbed"], 2),
                 max_rel_diff=err)
