@@ -68,11 +68,12 @@ def test_example_data_is_what_the_script_writes_and_sft_starts_as_grpo_prompts_r
     calc = _module("calculator").Calculator()
     rng = random.Random(0)
     files = {n: [json.loads(x) for x in (FOLDER / f"{n}.jsonl").read_text().splitlines()]
-             for n in ("calculator", "calculator_sft", "guess_number")}
+             for n in ("calculator", "calculator_sft", "guess_number", "guess_number_sft")}
     assert files["calculator"] == [script.calculator_row(rng, i) for i in range(len(files["calculator"]))]
     system = script.tools_system()
     assert files["calculator_sft"] == [script.sft_row(rng, i, system) for i in range(len(files["calculator_sft"]))]
     assert files["guess_number"] == [script.game_row(rng, i) for i in range(len(files["guess_number"]))]
+    assert files["guess_number_sft"] == [script.game_sft_row(rng, i) for i in range(len(files["guess_number_sft"]))]
     for row in files["calculator"]:
         a, op, b = row["prompt"][-1]["content"].removeprefix("What is ").removesuffix("?").split()
         assert row["answer"] == str(int(a) * int(b) if op == "times" else int(a) + int(b))
@@ -82,6 +83,15 @@ def test_example_data_is_what_the_script_writes_and_sft_starts_as_grpo_prompts_r
     sft_system = tok.apply_chat_template(sft[:1], tokenize=False)
     assert grpo_system.split("<|im_end|>")[0] == sft_system.split("<|im_end|>")[0]
     assert {r["secret"] for r in files["guess_number"]} <= set(range(1, 11))
+    game = _module("guess_number").GuessTheNumber()
+    for row in files["guess_number_sft"]:  # played games: the GRPO prompt, then guesses the hints allow
+        messages = row["messages"]
+        assert messages[:2] == files["guess_number"][0]["prompt"] and messages[-1]["role"] == "assistant"
+        game.reset(secret=row["secret"])
+        for said, heard in zip(messages[2::2], [*messages[3::2], None]):
+            assert int(said["content"]) in game.candidates()
+            reply, _, done = game.step(said["content"])
+            assert (reply if heard is None else heard["content"]) == reply and done == (heard is None and game.won)
 
 
 def test_calculator_and_guess_the_number_environments_score_as_documented():
@@ -92,8 +102,13 @@ def test_calculator_and_guess_the_number_environments_score_as_documented():
     game = _module("guess_number").GuessTheNumber()
     game.reset(secret=7)
     assert game.step("5") == ("Higher.", None, False) and game.step("I guess 9, or 8") == ("Lower.", None, False)
-    assert game.step("no idea") == ("Reply with one number from 1 to 10.", None, False) and game.get_reward() == 0.0
-    assert game.step("7") == (None, None, True) and game.get_reward() == pytest.approx(0.6)  # the third guess
+    assert game.step("no idea") == ("Reply with one number from 1 to 10.", None, False)
+    # hints "Higher." than 5 and "Lower." than 9 leave 6, 7, 8: 7 of the 9 wrong numbers ruled out, no win yet
+    assert game.candidates() == [6, 7, 8] and game.get_reward() == pytest.approx(0.5 * 7 / 9)
+    assert game.step("3") == ("Higher.", None, False) and game.get_reward() == pytest.approx(0.5 * 7 / 9)
+    assert game.step("7") == (None, None, True) and game.get_reward() == 1.0  # a win, at any guess
+    game.reset(secret=2)
+    assert game.get_reward() == 0.0 and game.step("10")[0] == "Lower." and game.get_reward() == pytest.approx(0.5 / 9)
 
 
 def test_exact_answer_reads_the_models_last_reply_not_a_tool_result_or_user_turn():

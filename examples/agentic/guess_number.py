@@ -3,8 +3,9 @@
 Why this game: every reply of the environment is a user turn that the model has to read (the hint), the episode
 ends when the environment says so (a right guess) or at the recipe's ``max_turns``, and the reward is the
 environment's own (``get_reward``), so it exercises the whole multi-turn loop (``reset`` / ``step``,
-rl/env_steps.py) while a 135M-parameter model can still improve at it within a few dozen CPU steps: answer with
-one number in range, then move it the way the hint says.
+rl/env_steps.py). Why this reward: a 135M-parameter model learns within ~30 CPU steps only if the reward has a
+gradient, so half of it is partial credit for how far the hints narrowed the range (a guess that goes the way the
+last hint said rules numbers out; one that ignores it rules out nothing new), and half is the win.
 """
 
 from __future__ import annotations
@@ -41,9 +42,16 @@ class GuessTheNumber:
             return None, None, True
         return ("Higher." if guess < self.secret else "Lower."), None, False
 
+    def candidates(self) -> list[int]:
+        """The numbers from LOW to HIGH that every hint so far allows (only the secret once the game is won)."""
+        if self.won:
+            return [self.secret]
+        low = max([LOW, *(g + 1 for g in self.guesses if g < self.secret)])
+        high = min([HIGH, *(g - 1 for g in self.guesses if g > self.secret)])
+        return list(range(low, high + 1))
+
     def get_reward(self) -> float:
-        """1 for a game won at the first guess, 0.2 less for each further guess (never below 0.2 for a win); 0 for a
-        game not won."""
-        if not self.won:
-            return 0.0
-        return max(0.2, 1.0 - 0.2 * (len(self.guesses) - 1))
+        """Half for the range the hints ruled out (the share of the wrong numbers no longer possible), half for a
+        win: 1.0 for any won game, 0.0 for one without a number, in between for a game that narrowed the range."""
+        ruled_out = (HIGH - LOW + 1 - len(self.candidates())) / (HIGH - LOW)
+        return 0.5 * ruled_out + 0.5 * float(self.won)

@@ -5,6 +5,8 @@
 tool-use conversations for examples/agentic/tools_sft_smollm2.yaml, the short SFT that run starts from
 (SmolLM2-135M-Instruct never writes a ``<tool_call>`` on its own: 0 of 32 samples at temperature 1).
 ``guess_number.jsonl``: prompts of examples/agentic_game_smollm2.yaml, each with the ``secret`` its game hides.
+``guess_number_sft.jsonl``: played games for examples/agentic_game_sft_smollm2.yaml, the short SFT that run starts
+from (SmolLM2-135M-Instruct rambles instead of replying with one number: 1 game won of 32 in a first run).
 
 Why generated: no dataset hub is reachable here, and a verifiable reward needs a known answer per prompt. Each
 row is a conversation (a system prompt that says how to call a tool, then a question) in the ``prompt`` column
@@ -86,15 +88,37 @@ def sft_row(rng: random.Random, index: int, system: str) -> dict:
         {"role": "assistant", "content": result}]}
 
 
-GAME_SYSTEM = ("Let's play a game. I am thinking of a whole number from 1 to 10. Guess it. After each guess I say "
-               "\"Higher.\" or \"Lower.\". Reply with your guess only: one number.")
+GAME_SYSTEM = ("Let's play a game. I am thinking of a whole number from 1 to 10. Guess it in at most 4 tries. After "
+               "each wrong guess I say \"Higher.\" (my number is bigger) or \"Lower.\" (it is smaller). Reply with "
+               "your guess only: one number.")
+GAME_FIRST = "I have my number. Your first guess?"
+GAME_TRIES = 4
 
 
 def game_row(rng: random.Random, index: int) -> dict:
     """One guess-the-number prompt row: ``id``, ``prompt``, and the ``secret`` the environment's ``reset`` reads."""
     return {"id": index, "prompt": [{"role": "system", "content": GAME_SYSTEM},
-                                    {"role": "user", "content": "I have my number. Your first guess?"}],
+                                    {"role": "user", "content": GAME_FIRST}],
             "secret": rng.randint(1, 10)}
+
+
+def game_sft_row(rng: random.Random, index: int) -> dict:
+    """One played game: the GRPO prompt, then guesses and hints until a win or the 4th guess. The player guesses
+    any number the hints still allow, at random: it follows the hints without searching well (it wins 76% of
+    games in 4 tries; halving the range wins all), so the SFT teaches the reply format and the hints' meaning and
+    leaves GRPO a better search to find."""
+    secret, low, high = rng.randint(1, 10), 1, 10
+    messages = [{"role": "system", "content": GAME_SYSTEM}, {"role": "user", "content": GAME_FIRST}]
+    for _ in range(GAME_TRIES):
+        guess = rng.randint(low, high)
+        messages.append({"role": "assistant", "content": str(guess)})
+        if guess == secret:
+            break
+        low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+        messages.append({"role": "user", "content": "Higher." if guess < secret else "Lower."})
+    if messages[-1]["role"] == "user":
+        messages.pop()  # the 4th guess was wrong: the game ends on it, as max_turns ends a GRPO episode
+    return {"id": index, "messages": messages, "secret": secret}
 
 
 def write(path: Path, rows: list[dict]) -> None:
@@ -107,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=256)
     parser.add_argument("--sft-count", type=int, default=320)
+    parser.add_argument("--game-sft-count", type=int, default=160)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--folder", default="examples/agentic")
     args = parser.parse_args()
@@ -115,6 +140,7 @@ def main() -> None:
     system = tools_system()
     write(Path(args.folder) / "calculator_sft.jsonl", [sft_row(rng, i, system) for i in range(args.sft_count)])
     write(Path(args.folder) / "guess_number.jsonl", [game_row(rng, i) for i in range(args.count)])
+    write(Path(args.folder) / "guess_number_sft.jsonl", [game_sft_row(rng, i) for i in range(args.game_sft_count)])
 
 
 if __name__ == "__main__":
