@@ -1,13 +1,15 @@
 """A tiny GRPO run whose episodes have tool turns and environment turns, used as a subprocess by the resume test.
 
-Usage: python agentic_resume_worker.py OUT TOKENIZER_FOLDER [KILL_AT_STEP]
+Usage: python agentic_resume_worker.py OUT TOKENIZER_FOLDER [KILL_AT_STEP | PORT:RANK]
 Each row plays :class:`Echoes`, a multi-turn environment seeded by ``(seed, step, row)`` that replies twice and
 scores each reply's length, and offers one tool (``look``). The turns are the tiny random model's, sampled
 by the static engine under the multi-turn loop, except that every other row's first turn is a scripted
 ``look`` call (a random model writes no tool call); the sampled turns stop early, as many byte tokens stop
 them. With KILL_AT_STEP the process sends itself SIGKILL after that step, its checkpoint written. At the
-end it writes the parameters' digest to ``OUT/params_sha256``. The tokenizer is ``agentic_testing``'s, saved
-by the test (loading it here spares each process TRL's import).
+end it writes the parameters' digest to ``OUT/params_sha256``. With PORT:RANK it is process RANK of two
+(``jax.distributed`` on 127.0.0.1:PORT). Every ``step`` and ``look`` call appends its episode's seed to
+``OUT-calls/<process index>.txt``, so the test sees which process ran which row's calls. The tokenizer is
+``agentic_testing``'s, saved by the test (loading it here spares each process TRL's import).
 """
 
 from __future__ import annotations
@@ -22,16 +24,24 @@ from agentic_testing import VOCAB, call
 from resume_worker import KillAt
 
 END = "<|im_end|>"
+CALLS = sys.argv[1] + "-calls"
 
 
 class Echoes:
     """Replies twice with a text drawn from the episode's seed; each reply scores the model's turn length mod 3."""
 
     def reset(self, seed: int, **row) -> str:
-        self.seed = seed
+        self.seed = self.episode = seed
         return f" Seed {seed % 97}."
 
+    def _note(self) -> None:
+        import jax
+
+        with open(os.path.join(CALLS, f"{jax.process_index()}.txt"), "a") as f:
+            f.write(f"{self.episode}\n")
+
     def step(self, text: str):
+        self._note()
         reward = float(len(text) % 3)
         self.seed = (self.seed * 31 + len(text)) % 997
         return (None, reward, True) if self.seed % 4 == 0 else (f"Echo {self.seed}.", reward, False)
@@ -42,6 +52,7 @@ class Echoes:
         Args:
             n: How far.
         """
+        self._note()
         return str(self.seed % (n + 2))
 
 
@@ -62,8 +73,10 @@ class FirstCalls:
                                                         step=step)
         if self.tokenizer.decode(list(prompts[0])).count("<|im_start|>assistant") != 1:
             return out  # a later turn: sampled as it is
-        ids, mask, lps, lengths, truncated = (np.array(x) for x in (out.completion_ids, out.completion_mask,
-                                                                      out.log_probs, out.lengths, out.truncated))
+        from scaletrain.rl.process_rows import read_whole
+
+        ids, mask, lps, lengths, truncated = (np.array(read_whole(x)) for x in (
+            out.completion_ids, out.completion_mask, out.log_probs, out.lengths, out.truncated))
         script = self.tokenizer.encode(call("look", n=1) + END, add_special_tokens=False)[:ids.shape[1]]
         for r in range(0, len(ids), 2):
             ids[r], mask[r], lps[r] = self.sampling.pad_token_id, 0, 0.0
@@ -85,7 +98,14 @@ def main() -> None:
     from transformers import PreTrainedTokenizerFast
 
     out, tok = sys.argv[1], PreTrainedTokenizerFast.from_pretrained(sys.argv[2])
-    kill_at = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    last = sys.argv[3] if len(sys.argv) > 3 else ""
+    kill_at = int(last) if last.isdigit() else None
+    if ":" in last:
+        import jax
+
+        port, rank = last.split(":")
+        jax.distributed.initialize(f"127.0.0.1:{port}", 2, int(rank), initialization_timeout=120)
+    os.makedirs(CALLS, exist_ok=True)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                          eos_token_id=256, pad_token_id=257, bos_token_id=None)
@@ -102,8 +122,12 @@ def main() -> None:
                           dataset_train=[{"prompt": [{"role": "user", "content": q}]} for q in ("go", "start")],
                           rollout_engine=engine, callbacks=[KillAt(kill_at)] if kill_at else [])
     done = trainer.train()
-    with open(os.path.join(out, "params_sha256"), "w") as f:
-        f.write(params_sha256(done.state.params))
+    digest = params_sha256(done.state.params)
+    import jax
+
+    if jax.process_index() == 0:
+        with open(os.path.join(out, "params_sha256"), "w") as f:
+            f.write(digest)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A GRPO recipe run killed with SIGKILL inside a ``num_iterations`` cycle and resumed ends with the parameters
 and figures of an uninterrupted run (the reused rollout comes back from the checkpoint); resuming against another
 reference model is refused, naming it. A multi-turn run (tool and environment turns) killed and resumed replays
-the same episodes to the same parameters."""
+the same episodes to the same parameters as an uninterrupted run on two processes, each of which ran only its
+own rows' tools and environment steps."""
 
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ from xla_testing import child_xla_flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "grpo_resume_worker.py")
 AGENTIC_WORKER = os.path.join(ROOT, "tests", "agentic_resume_worker.py")
+STEPS = (1, 2, 3, 4)
 PROMPTS = ["what is two plus three", "the sky colour", "say hello", "name a fruit", "count to four", "the dog",
            "is the cat a dog", "say goodbye"]
 
 
-def _worker(workdir, run, kill_at=None, reference=None, objective="grpo", cmd=None):
+def _worker(workdir, run, kill_at=None, reference=None, objective="grpo", cmd=None, devices=1, wait=True):
     cmd = cmd or [sys.executable, WORKER, str(workdir), run, str(kill_at) if kill_at else "-"] + (
         [reference] if reference else [])
     # one CPU device (the suite's 8 are for the mesh tests): the run compiles several times faster; the cheap
     # compile setting too, as every run compared here is such a child (tests/xla_testing.py)
-    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(1), "RESUME_OBJECTIVE": objective}
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": child_xla_flags(devices), "RESUME_OBJECTIVE": objective}
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -80,20 +84,35 @@ def test_sigkill_inside_a_num_iterations_cycle_and_resume_is_bitwise_identical(t
 
 
 @pytest.mark.slow
-def test_sigkill_inside_a_multi_turn_run_resumes_to_the_same_parameters_and_episodes(tmp_path):
+def test_multi_turn_run_on_two_processes_runs_each_rows_calls_once_and_equals_one_process_killed_and_resumed(
+        tmp_path):
     """Episodes with tool turns and environment turns (``agentic_resume_worker.py``): environments seeded by
-    ``(seed, step, row)``, later turns by ``(seed, turn)``, so the resumed run replays steps 3 and 4 exactly."""
+    ``(seed, step, row)``, later turns by ``(seed, turn)``. The reference runs on two processes (one CPU device
+    each), where each process runs the ``look`` calls and ``step``s of its own 4 rows only and takes the others'
+    outcomes from their owner (``OwnedCalls``); the run compared with it is one process with two devices (the same
+    mesh), killed with SIGKILL after step 3 and resumed. Equal bit for bit: two processes build the episodes one
+    process builds, and the resumed run replays steps 3 and 4 exactly. (One row for both guarantees: a two-process
+    row of its own would cost ~25 CPU-s more.)"""
     from agentic_testing import chatml_tokenizer
+    from scaletrain.launch.jax.supervisor import free_port
+    from scaletrain.rl.agentic import episode_seed
 
     chatml_tokenizer(str(tmp_path / "tok"))
 
-    def run(out, kill_at=None):
+    def run(out, last=None, devices=2, wait=True):
         return _worker(tmp_path, out, cmd=[sys.executable, AGENTIC_WORKER, str(tmp_path / out), str(tmp_path / "tok")]
-                       + ([str(kill_at)] if kill_at else []))
+                       + ([str(last)] if last else []), devices=devices, wait=wait)
 
-    ref = run("ref")
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    killed = run("run", kill_at=3)
+    port = free_port()
+    pair = [run("ref", f"{port}:{rank}", devices=1, wait=False) for rank in (0, 1)]
+    for child in pair:
+        text, _ = child.communicate(timeout=600)
+        assert child.returncode == 0, text[-3000:]
+    # each process's environments ran calls of its own rows only (the first 4 of each step's 8 are process 0's)
+    seeds = {int(p.stem): set(p.read_text().split()) for p in (tmp_path / "ref-calls").iterdir()}
+    rows = {p: {str(episode_seed(0, step, r)) for step in STEPS for r in range(4 * p, 4 * p + 4)} for p in (0, 1)}
+    assert sorted(seeds) == [0, 1] and all(seeds[p] and seeds[p] <= rows[p] for p in (0, 1))
+    killed = run("run", 3)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = run("run")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -111,3 +130,5 @@ def test_sigkill_inside_a_multi_turn_run_resumes_to_the_same_parameters_and_epis
     assert records == {r["step"]: tuple(r.get(k) for k in keys)
                        for r in map(json.loads, (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines())
                        if r["split"] == "train"} and len(records) == 4
+    # and between them, the calls of every episode that one process ran calls for
+    assert seeds[0] | seeds[1] == set((tmp_path / "run-calls" / "0.txt").read_text().split())

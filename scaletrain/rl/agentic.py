@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from scaletrain.data.prompts import PromptRow, is_messages
@@ -212,14 +213,18 @@ def agentic_engine(inner: Any, tokenizer: Any, options: Any, config: Any) -> Mul
 
 
 def sample_step(agentic: Agentic | None, engine: Any, state: Any, rows: Sequence[PromptRow], num_generations: int,
-                tokenizer: Any, *, seed: int, step: int) -> tuple[Any, AgentStep | None]:
+                tokenizer: Any, *, seed: int, step: int, layout: Any = None) -> tuple[Any, AgentStep | None]:
     """A step's rollout: without tools, the engine's of the rows' prompts; with them, each row's environment started
-    (:meth:`Agentic.start`), then the multi-turn rollout, and its host record."""
+    (:meth:`Agentic.start`), then the multi-turn rollout, and its host record. ``layout``: the step's
+    :class:`~scaletrain.rl.process_rows.RowLayout`; on several processes each runs the tools and environment steps
+    of the rows it owns there (the rows whose rewards it runs, ``get_reward`` among them)."""
     if agentic is None:
         return engine.generate(state, [list(r.prompt_ids) for r in rows], num_generations=num_generations, seed=seed,
                                step=step), None
     boxes, ids = agentic.start(rows, num_generations, tokenizer, seed=seed, step=step)
-    out = engine.generate(state, ids, num_generations=1, seed=seed, step=step, toolboxes=boxes)
+    several = layout is not None and jax.process_count() > 1 and layout.n == len(ids)
+    out = engine.generate(state, ids, num_generations=1, seed=seed, step=step, toolboxes=boxes,
+                          **({"owned": layout.owned} if several else {}))
     episodes = engine.last_episodes
     return out, AgentStep(longest=max(len(i) for i in ids),
                           model_tokens=np.array([e.tokens("model") for e in episodes], np.float64),

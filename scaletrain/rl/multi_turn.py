@@ -48,6 +48,7 @@ import numpy as np
 from scaletrain.generation.interface import Rollout, RolloutEngine, SamplingParams
 from scaletrain.rl.chat_turns import tool_result_ids, user_turn_ids
 from scaletrain.rl.env_steps import StepResult, is_multi_turn, step_jobs
+from scaletrain.rl.process_rows import OwnedCalls, read_whole
 from scaletrain.rl.tool_calls import parse_turn, tool_calls
 from scaletrain.rl.tools import DEFAULT_TOOL_TIMEOUT, Toolbox, call_jobs
 from scaletrain.user_calls import concurrently
@@ -156,9 +157,10 @@ def _appended(e: Episode, outcome: Any, tokenizer: Any, max_turns: int | None) -
 def run_episodes(prompts: Sequence[Sequence[int]], first: Turns, sample: TurnSampler, toolboxes: Sequence[Toolbox],
                  tokenizer: Any, *, fmt: str, max_completion_length: int, max_tool_calling_iterations: int | None,
                  max_model_len: int | None = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
-                 max_turns: int | None = None) -> list[Episode]:
+                 max_turns: int | None = None, calls: OwnedCalls | None = None) -> list[Episode]:
     """Every row's episode (see the module docstring), from its prompt ids, its first sampled turn and its tools
-    (and its multi-turn environment, ``rl/env_steps.py``: ``max_turns`` bounds its ``step`` calls)."""
+    (and its multi-turn environment, ``rl/env_steps.py``: ``max_turns`` bounds its ``step`` calls). ``calls``: on
+    several processes, the rows whose calls this process runs; the others' outcomes come from their owners."""
     episodes = [Episode(list(p), list(ids), [1] * len(ids), list(lps),
                         [parse_turn(tokenizer, ids, fmt, prefix=p, tools=box.tools)])
                 for p, (ids, lps), box in zip(prompts, first, toolboxes)]
@@ -167,7 +169,9 @@ def run_episodes(prompts: Sequence[Sequence[int]], first: Turns, sample: TurnSam
     turn = 0
     while pending:
         start = time.perf_counter()
-        outcomes = _follow(pending, episodes, toolboxes, tool_timeout)
+        outcomes = _follow(pending if calls is None else calls.mine(pending), episodes, toolboxes, tool_timeout)
+        if calls is not None:  # every process takes every row's outcome, so all build the same contexts
+            outcomes = calls.share(outcomes)
         waited = time.perf_counter() - start
         contexts, kept = [], []
         for i in pending:
@@ -230,7 +234,7 @@ def to_arrays(episodes: Sequence[Episode], width: int, pad_id: int, stop_ids: Se
 
 def _turns(out: Rollout, keep: int | None = None) -> Turns:
     """A rollout's rows read to the host: each row's sampled ids and log-probabilities (its first ``keep`` rows)."""
-    ids, lps, lengths = (np.asarray(jax.device_get(x)) for x in (out.completion_ids, out.log_probs, out.lengths))
+    ids, lps, lengths = (read_whole(x) for x in (out.completion_ids, out.log_probs, out.lengths))
     rows = range(len(lengths) if keep is None else keep)
     return [([int(t) for t in ids[r, :lengths[r]]], [float(x) for x in lps[r, :lengths[r]]]) for r in rows]
 
@@ -270,9 +274,12 @@ class MultiTurnEngine:
         return self.inner.sampling
 
     def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
-                 step: int = 0, toolboxes: Sequence[Toolbox] | None = None) -> Trajectories:
+                 step: int = 0, toolboxes: Sequence[Toolbox] | None = None,
+                 owned: Sequence[int] | None = None) -> Trajectories:
         """The rollout of ``prompts`` with tools between turns; ``toolboxes`` (one per row) overrides
-        ``self.toolboxes``. Reads each turn to the host (the tools need its text)."""
+        ``self.toolboxes``; ``owned``: on several processes, the rows whose tools and environment steps this
+        process runs (:class:`~scaletrain.rl.process_rows.OwnedCalls`; None: every row's). Reads each turn to
+        the host (the tools need its text)."""
         rows = [list(p) for p in prompts for _ in range(num_generations)]
         first = _turns(self.inner.generate(state, [list(p) for p in prompts], num_generations=num_generations,
                                            seed=seed, step=step))
@@ -289,7 +296,8 @@ class MultiTurnEngine:
             rows, first, sample, boxes, self.tokenizer, fmt=self.fmt,
             max_completion_length=sampling.max_completion_length,
             max_tool_calling_iterations=self.max_tool_calling_iterations, max_model_len=self.max_model_len,
-            tool_timeout=self.tool_timeout, max_turns=self.max_turns)
+            tool_timeout=self.tool_timeout, max_turns=self.max_turns,
+            calls=None if owned is None else OwnedCalls(owned))
         return to_arrays(self.last_episodes, sampling.max_completion_length, sampling.pad_token_id,
                          sampling.stop_token_ids)
 

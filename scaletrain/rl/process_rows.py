@@ -14,6 +14,10 @@ raw bytes: float64 and NaN arrive bit for bit. One process: no collective, every
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Collection, Mapping
+from typing import Any
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
@@ -79,6 +83,58 @@ class RowLayout:
         for p, rows_p in enumerate(sets):
             out[rows_p] = every[p, :len(rows_p)]
         return out.view(values.dtype).reshape(self.n, *values.shape[1:])
+
+
+def read_whole(x: jax.Array) -> np.ndarray:
+    """All of ``x`` on this host: its value when this process addresses every shard, else gathered from every
+    process (a collective, so all processes call it at the same point). A multi-turn rollout reads each turn's
+    few sampled ids whole, since every process builds every row's next context."""
+    if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def gather_bytes(blob: bytes) -> list[bytes]:
+    """Every process's ``blob``, in process order: a collective (two: the sizes, then the bytes padded to the
+    largest), so all processes call it at the same point. One process: ``[blob]``, no collective."""
+    if jax.process_count() == 1:
+        return [blob]
+    from jax.experimental import multihost_utils
+
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([len(blob)], np.int32))).reshape(-1)
+    raw = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    raw[:len(blob)] = np.frombuffer(blob, np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(raw)).reshape(len(sizes), -1)
+    return [every[p, :int(n)].tobytes() for p, n in enumerate(sizes)]
+
+
+class OwnedCalls:
+    """The rows whose tool calls and environment steps this process runs in a multi-turn rollout (``owned``: the
+    rows it scores, ``RowLayout.owned``, since a reward such as ``get_reward`` reads the environment the calls
+    changed), and the exchange of their outcomes, so that every process appends the same results to every row
+    and builds the same next-turn contexts.
+
+    Why: every process runs the same rollout over the global mesh, so each could run every row's calls (correct,
+    as environments are seeded by ``(seed, step, row)``), but that repeats the work once per process, and a tool
+    with effects outside the process would act once per process. The outcomes are small (tool results' text,
+    an environment's reply, reward and flags), so they cross as pickled bytes (:func:`gather_bytes`).
+    """
+
+    def __init__(self, owned: Collection[int]):
+        self.owned = frozenset(int(r) for r in owned)
+
+    def mine(self, pending: Mapping[int, Any]) -> dict[int, Any]:
+        """The part of ``pending`` (row -> what it waits for) that this process runs."""
+        return {row: want for row, want in pending.items() if row in self.owned}
+
+    def share(self, outcomes: Mapping[int, Any]) -> dict[int, Any]:
+        """Every process's ``outcomes`` (row -> what its calls gave) merged: a collective, once a round."""
+        merged: dict[int, Any] = {}
+        for blob in gather_bytes(pickle.dumps(dict(outcomes), protocol=pickle.HIGHEST_PROTOCOL)):
+            merged.update(pickle.loads(blob))  # our own processes' bytes, written just above
+        return merged
 
 
 def process_codes(code: int) -> list[int]:

@@ -337,7 +337,7 @@ class GRPOTrainer(Trainer):
         t0 = time.perf_counter()
         # agentic: a fresh environment per row, prompts rendered with the row's tools, the multi-turn rollout
         out, agent = sample_step(self.agentic, self.rollout_engine, state, rows, g, self.tokenizer, seed=args.seed,
-                                 step=step)
+                                 step=step, layout=self._layout())
         jax.block_until_ready(out)
         t1 = time.perf_counter()
         width = int(out.prompt_ids.shape[1])
