@@ -301,3 +301,24 @@ def test_long_prompt_prefills_in_chunks_between_decodes_with_one_compile_per_buc
     chunked.generate(llama, [p[::-1] for p in prompts], num_generations=G, seed=3, step=2)
     assert programs_for(graphdef, params).traces == traces
     assert chunked.stats["pages_in_use"] == 0
+
+
+def test_prompts_of_three_buckets_compile_one_prefill_one_insert_and_decode_once(llama, monkeypatch) -> None:
+    """Prompts of 5, 20 and 40 tokens (buckets 16, 32 and 64) are all prefilled at the call's width, 64: from an
+    empty program cache the call compiles init, one prefill, one insert and one decode (compiled on its thread
+    beside the prefills, and found there by the engine's call), not a prefill and an insert per bucket. The
+    5-token prompt's rows equal its rows run alone (prefilled at its own bucket, 16): the padding is masked
+    out, so the sampled tokens are equal and the log-probs within LP_TOL."""
+    from flax import nnx
+
+    import scaletrain.compile_cache as compile_cache
+    import scaletrain.generation.continuous as continuous
+
+    monkeypatch.setattr(continuous, "_PROGRAMS", compile_cache.ProgramCache(8))
+    rs = np.random.RandomState(4)
+    prompts = [[int(t) for t in rs.randint(3, 128, n)] for n in (5, 20, 40)]
+    together, _ = _run(llama, 1.0, slots=3, prompts=prompts)
+    traces = continuous.programs_for(*nnx.split(llama)).traces
+    assert {k: v for k, v in traces.items() if v} == {"init": 1, "prefill": 1, "insert": 1, "decode": 1}
+    alone, _ = _run(llama, 1.0, slots=3, prompts=prompts[:1])
+    _assert_rows_equal(together, alone, slice(0, G))

@@ -6,9 +6,10 @@ Here rows wait in a queue; a slot whose row stops gives its pages back and takes
 waiting row, so the slots stay full until the work runs out. How a request flows:
 
 1. **queue**: prompts in request order, each with its G samples (rows ``i * G .. i * G + G - 1``).
-2. **prefill**: when a slot and its pages are free, the next prompt is prefilled once (one program
-   per prompt-length bucket), whatever its G; a prompt longer than ``prefill_chunk`` is prefilled
-   one chunk per host turn, with a decode call between two chunks.
+2. **prefill**: when a slot and its pages are free, the next prompt is prefilled once, whatever its G,
+   left-padded to the call's width (its longest prompt's bucket: one program for every prompt of the
+   call); a prompt longer than ``prefill_chunk`` is prefilled one chunk per host turn, with a decode
+   call between two chunks.
 3. **slot + pages**: its samples go into free slots; they share the prompt's whole pages and
    each gets its own copy of the last, partial one (:mod:`~scaletrain.generation.paged_programs`).
 4. **decode**: one program runs up to ``decode_steps`` steps for every slot on the device, and
@@ -19,8 +20,10 @@ waiting row, so the slots stay full until the work runs out. How a request flows
    drawn, so the result comes back in request order, as :class:`~scaletrain.generation.engine.Rollout`.
 
 What is compiled: ``init`` and ``decode`` once per (slots, pages, rows bucket,
-``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per prompt bucket,
-``prefill_cache`` and ``prefill_chunk`` once per bucket longer than a chunk, ``preempt`` once.
+``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per call width,
+``prefill_cache`` and ``prefill_chunk`` once per width longer than a chunk, ``preempt`` once. The
+decode program compiles on a thread (:class:`~scaletrain.generation.ahead.Ahead`) while the first
+prompts are prefilled, so a first call waits for the longer of the two, not their sum.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scaletrain.compile_cache import ProgramCache, model_key
+from scaletrain.generation.ahead import Ahead
 from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, bucket, left_pad, round_up_pow2
 from scaletrain.generation.engine import Rollout, SamplingParams, _mesh_of, split_source
 from scaletrain.generation.page_pool import pool_pages
@@ -109,6 +113,7 @@ class ContinuousBatchEngine:
         layout = bucket(ids, mask, g, sampling.pad_token_id)
         rows = layout.rows
         longest = round_up_pow2(max(len(p) for p in prompts), max(MIN_PROMPT_BUCKET, self.page_size))
+        width = lambda prompt: self._width(prompt, longest)  # noqa: E731
         new = int(sampling.max_completion_length)
         max_pages = -(-(longest + new) // self.page_size)
         num_pages = pool_pages(self.slots, max_pages, self.cache_pages, self.cache_fraction)
@@ -125,13 +130,16 @@ class ContinuousBatchEngine:
         es: EngineState = programs.init(params, frozen, jnp.int32(sampling.pad_token_id), slots=self.slots,
                                         num_pages=num_pages, page_size=self.page_size, max_pages=max_pages,
                                         rows=rows_bucket, new=new)
+        # decode compiles on a thread while the first prompts are prefilled and inserted (a no-op once compiled)
+        ahead: Ahead | None = Ahead(programs.decode, params, frozen, es, sampler, jnp.asarray(True), **flags,
+                                    decode_steps=self.decode_steps)
         waiting = deque(_Entry(i, list(range(i * g, i * g + g))) for i in range(len(prompts)))
         free, live, free_pages = list(range(self.slots)), 0, num_pages
         prefills = decode_calls = preemptions = chunks = between_chunks = 0
         while True:
             head = waiting[0] if waiting else None
-            if head is not None and head.prefill is None and self._bucket(prompts[head.prompt]) > self.prefill_chunk:
-                self._prefill_chunk(programs, params, frozen, head, prompts[head.prompt])  # one chunk per turn
+            if head is not None and head.prefill is None and width(prompts[head.prompt]) > self.prefill_chunk:
+                self._prefill_chunk(programs, params, frozen, head, prompts[head.prompt], longest)  # one chunk per turn
                 chunks += 1
                 prefills += head.prefill is not None
             while waiting and free:
@@ -146,14 +154,14 @@ class ContinuousBatchEngine:
                 if not take:
                     break
                 if entry.prefill is None:
-                    if self._bucket(prompts[entry.prompt]) > self.prefill_chunk:
+                    if width(prompts[entry.prompt]) > self.prefill_chunk:
                         break  # a long prompt still being prefilled, chunk by chunk
                     p_ids, p_mask = left_pad([prompts[entry.prompt]], sampling.pad_token_id,
-                                             self._bucket(prompts[entry.prompt]))
+                                             width(prompts[entry.prompt]))
                     entry.prefill = programs.prefill(params, frozen, p_ids, p_mask)
                     prefills += 1
                 if entry.held is None:
-                    entry.held = jnp.zeros((self._bucket(prompts[entry.prompt]) // self.page_size,), jnp.int32)
+                    entry.held = jnp.zeros((width(prompts[entry.prompt]) // self.page_size,), jnp.int32)
                 slots = np.full((g,), self.slots, np.int32)
                 slots[:take] = free[:take]
                 row_ids = np.full((g,), rows_bucket, np.int32)
@@ -165,6 +173,9 @@ class ContinuousBatchEngine:
                 entry.placed += take
                 if entry.placed == len(entry.rows):
                     waiting.popleft()
+            if ahead is not None:
+                ahead.wait()
+                ahead = None
             es, status = programs.decode(params, frozen, es, sampler, jnp.asarray(bool(waiting)), **flags,
                                          decode_steps=self.decode_steps)
             decode_calls += 1
@@ -194,16 +205,24 @@ class ContinuousBatchEngine:
                        es.out_ids[:rows], es.out_mask[:rows], es.out_lp[:rows], lengths, ~es.stopped[:rows],
                        jnp.max(lengths))
 
-    def _bucket(self, prompt: list[int]) -> int:
-        """The prompt-length bucket ``prompt`` is left-padded to (a power of two, at least 16 and one page)."""
-        return round_up_pow2(len(prompt), max(MIN_PROMPT_BUCKET, self.page_size))
+    def _width(self, prompt: list[int], longest: int) -> int:
+        """The width ``prompt`` is left-padded to for its prefill: one width for every prompt of a call, the
+        call's ``longest`` bucket (a power of two, at least 16 and one page), capped at ``prefill_chunk`` for a
+        prompt that fits in one chunk; a longer one is prefilled in chunks at ``longest``.
+
+        Why one width per call and not each prompt's own bucket: the prefill and insert programs compile once
+        per width (each ~1-3 CPU-s for SmolLM2-135M), and most of a first call's wait was compiling them for
+        every bucket its prompts fell in (three for prompts of 8-40 tokens). The padding is masked out of
+        attention and positions, so a row's tokens do not change; its log-probs may in the last bits."""
+        own = round_up_pow2(len(prompt), max(MIN_PROMPT_BUCKET, self.page_size))
+        return longest if own > self.prefill_chunk else min(longest, self.prefill_chunk)
 
     def _prefill_chunk(self, programs: PagedPrograms, params: Any, frozen: Any, entry: _Entry,
-                       prompt: list[int]) -> None:
+                       prompt: list[int], longest: int) -> None:
         """Prefill ``entry``'s next ``prefill_chunk`` tokens; its :class:`Prefill` is set after the last one.
         Chunks of left padding alone are skipped (their slots stay masked out)."""
         size = self.prefill_chunk
-        ids, mask = left_pad([prompt], self.sampling.pad_token_id, self._bucket(prompt))
+        ids, mask = left_pad([prompt], self.sampling.pad_token_id, self._width(prompt, longest))
         if entry.chunk_cache is None:
             entry.chunk_cache = programs.prefill_cache(params, frozen, width=ids.shape[1])
             entry.chunk_at = (ids.shape[1] - len(prompt)) // size * size

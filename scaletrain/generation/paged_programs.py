@@ -219,11 +219,14 @@ class PagedPrograms:
         ids, counts, short_a = take_pages(state.counts, first & (j < whole), jnp.full(j.shape, holders))
         prompt_pages = jnp.where(first, ids, prompt_pages)
         own, counts, short_b = take_pages(counts, valid & (partial > 0), jnp.ones((g,), jnp.int32))
+        # the prompt's whole pages (written at its first insertion only) and each sample's copy of its partial
+        # last page, in one gather and one scatter per layer and pool
+        dst = jnp.concatenate([jnp.where(first, ids, counts.shape[0]), own])
+        src = jnp.concatenate([j, jnp.full((g,), whole)])
         layers = []
         for paged, contiguous in _layer_pairs(state.cache, prefill.cache):
             if isinstance(paged, PagedKVCache):
-                paged = _fill_pages(paged, contiguous, jnp.where(first, ids, counts.shape[0]), j, n)
-                paged = _fill_pages(paged, contiguous, own, jnp.full((g,), whole), n)
+                paged = _fill_pages(paged, contiguous, dst, src, n)
             else:
                 paged = jax.tree.map(lambda s, c: s.at[slots].set(jnp.broadcast_to(c, (g, *c.shape[1:])).astype(
                     s.dtype), mode="drop"), paged, contiguous)
