@@ -22,8 +22,8 @@ engine where this tree has one; otherwise a printed line says it was skipped), `
 torch is loaded, whose idle threads would share the CPU), then the timed calls alternate between contenders.
 Reported: completion tokens/s (the completion tokens, stop token included, over the wall seconds, tokens in
 hand) and per CPU-second, the ratios, the first call and its compile (first call less a steady call of the
-same seed), the cache each held at its peak against the bytes of the tokens its unfinished rows held at
-that peak (``cache_over_live``), and the completion lengths. Writes ``--out`` (default
+same seed, in wall and in CPU seconds), the cache each held at its peak against the bytes of the tokens its
+unfinished rows held at that peak (``cache_over_live``), and the completion lengths. Writes ``--out`` (default
 ``bench/results/rollout-<date>.json``).
 """
 
@@ -107,9 +107,11 @@ def summarise(case: dict[str, Any], name: str, calls: list[rc.Call], first: rc.C
            "cache_over_live": None if mid.cache_bytes is None else round(mid.cache_bytes / live, 2),
            "preemptions": mid.preemptions}
     if first is not None:
-        same_seed = calls[0].wall_s  # the first timed call repeats the first call's seed
+        same_seed = calls[0]  # the first timed call repeats the first call's seed
+        # compile CPU-s: the first call's CPU less the same call's steady CPU (the steadier figure on a busy machine)
         row.update(first_call_s=round(first.wall_s, 2), first_call_cpu_s=round(first.cpu_s, 2),
-                   compile_s=round(first.wall_s - same_seed, 2))
+                   compile_s=round(first.wall_s - same_seed.wall_s, 2),
+                   compile_cpu_s=round(first.cpu_s - same_seed.cpu_s, 2))
     return row
 
 
@@ -134,10 +136,11 @@ def legacy(row: dict[str, Any]) -> dict[str, Any]:
 
 def print_case(row: dict[str, Any]) -> None:
     print(f"\n{row['workload']}: {row['prompt_count']} prompts x {row['generations']}, cap {row['cap']}")
-    print("| contender | tok/s | tok/CPU-s | first call (compile) | lengths min/median/max, at cap | "
+    print("| contender | tok/s | tok/CPU-s | first call (compile; compile CPU-s) | lengths min/median/max, at cap | "
           "cache MiB | live MiB | cache / live |")
     for name, f in row["contenders"].items():
-        first = f"{f['first_call_s']:.1f} s ({f['compile_s']:.1f} s)" if "first_call_s" in f else ""
+        first = (f"{f['first_call_s']:.1f} s ({f['compile_s']:.1f} s; {f['compile_cpu_s']:.1f} CPU-s)"
+                 if "first_call_s" in f else "")
         ln = f["lengths"]
         cache = "" if f["cache_bytes"] is None else f"{f['cache_bytes'] / 2**20:,.1f}"
         print(f"| {name} | {f['tok_s']:,.1f} | {f['tok_cpu_s']:,.1f} | {first} | {ln['min']}/{ln['median']:g}/"
