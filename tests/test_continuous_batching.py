@@ -302,7 +302,6 @@ def test_long_prompt_prefills_in_chunks_between_decodes_with_one_compile_per_buc
     assert programs_for(graphdef, params).traces == traces
     assert chunked.stats["pages_in_use"] == 0
 
-
 def test_prompts_of_three_buckets_compile_one_prefill_one_insert_and_decode_once(llama, monkeypatch) -> None:
     """Prompts of 5, 20 and 40 tokens (buckets 16, 32 and 64) are all prefilled at the call's width, 64: from an
     empty program cache the call compiles init, one prefill, one insert and one decode (compiled on its thread
@@ -322,3 +321,33 @@ def test_prompts_of_three_buckets_compile_one_prefill_one_insert_and_decode_once
     assert {k: v for k, v in traces.items() if v} == {"init": 1, "prefill": 1, "insert": 1, "decode": 1}
     alone, _ = _run(llama, 1.0, slots=3, prompts=prompts[:1])
     _assert_rows_equal(together, alone, slice(0, G))
+
+
+@pytest.mark.parametrize("family", ["hybrid", "mla"])
+def test_rows_preempted_and_prefilled_in_chunks_equal_rows_never_preempted_and_prefilled_whole(family,
+                                                                                               request) -> None:
+    """Preemption and chunked prefill beyond the Llama, in one pair of runs: four 30-token prompts x G=2 (bucket
+    32) through 4 slots to the cap, once over a roomy pool with each prompt prefilled whole, once over the
+    smallest pool (rows preempted and prefilled again) with 16-token chunks (each prompt in 2). The hybrid
+    (Qwen3.5) must start a refilled slot from the new row's prefilled Gated DeltaNet recurrent and convolution
+    state, not the preempted row's, and carry that state from chunk to chunk; DeepSeek-V3 its latent pages.
+    Sampled, so a stale state or page would change the tokens: they are equal, log-probs within 1e-5 (chunks
+    attend over the cache in other sums, as for the Llama), and every page comes back."""
+    model = request.getfixturevalue(family)
+    rs = np.random.RandomState(1)
+    prompts = [[int(t) for t in rs.randint(3, 128, 30)] for _ in range(4)]
+    sampling = SamplingParams(max_completion_length=NEW, temperature=1.0, pad_token_id=0)
+    runs = []
+    for options in (dict(cache_fraction=1.0), dict(cache_pages=1, prefill_chunk=16)):
+        # two decode steps a host turn: the prompts (a chunk a turn) come before the first rows end; the pool runs out
+        engine = ContinuousBatchEngine(sampling, slots=4, page_size=4, decode_steps=2, **options)
+        out = engine.generate(model, prompts, num_generations=G, seed=3, step=1)
+        runs.append(({k: np.asarray(getattr(out, k)) for k in ("completion_ids", "completion_mask", "log_probs",
+                                                                "lengths", "truncated")}, engine.stats))
+    (roomy, stats_roomy), (tight, stats_tight) = runs
+    assert stats_roomy["preemptions"] == stats_roomy["prefill_chunks"] == 0
+    assert stats_tight["preemptions"] > 0 and stats_tight["prefill_chunks"] >= 2 * len(prompts)
+    assert stats_tight["pages_in_use"] == 0 and stats_roomy["pages_in_use"] == 0
+    for key in ("completion_ids", "completion_mask", "lengths", "truncated"):
+        np.testing.assert_array_equal(roomy[key], tight[key], err_msg=key)
+    np.testing.assert_allclose(roomy["log_probs"], tight["log_probs"], rtol=0, atol=1e-5)
