@@ -111,28 +111,48 @@ def assert_logits_match(name: str, ours: np.ndarray, ref: np.ndarray, mask: np.n
     assert diff < TOL, f"{name}: max rel diff {diff:.2e} >= {TOL}"
 
 
-def assert_greedy_generation_matches(model: nnx.Module, ref: Any, new_tokens: int = 16, engine: Any = None) -> None:
+def greedy_prompts() -> list[list[int]]:
+    """The two prompts (11 and 6 tokens) of the greedy generation checks: left-padded, they exercise padding."""
+    rs = np.random.RandomState(1)
+    return [list(rs.randint(3, 128, 11)), list(rs.randint(3, 128, 6))]
+
+
+def hf_greedy_tokens(ref: Any, new_tokens: int = 16) -> np.ndarray:
+    """transformers' ``new_tokens`` greedy tokens [2, new_tokens] from :func:`greedy_prompts`, left-padded.
+
+    A caller checking several of our generators (engines, a scanned model) computes this once: greedy decoding
+    picks each token from the same prefix whatever comes after it, so the first k of 16 tokens are the k tokens."""
+    import torch
+
+    from scaletrain.generation import left_pad
+
+    ids, mask = left_pad(greedy_prompts())
+    with torch.no_grad():
+        return ref.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
+                            max_new_tokens=new_tokens, do_sample=False).numpy()[:, ids.shape[1]:]
+
+
+def assert_greedy_generation_matches(model: nnx.Module, ref: Any, new_tokens: int = 16, engine: Any = None,
+                                     theirs: np.ndarray | None = None) -> None:
     """``new_tokens`` greedy tokens from two left-padded prompts (11 and 6 tokens) equal transformers'.
 
     ``engine``: a ``factory(sampling)`` of a RolloutEngine (tests/engine_testing.py) whose ``generate`` is
-    checked; None checks ``scaletrain.generation.generate``."""
-    import torch
-
+    checked; None checks ``scaletrain.generation.generate``. ``theirs``: transformers' tokens from
+    :func:`hf_greedy_tokens` (at least ``new_tokens`` of them), when the caller already has them."""
     from scaletrain.generation import SamplingParams, generate, left_pad
 
-    rs = np.random.RandomState(1)
-    prompts = [list(rs.randint(3, 128, 11)), list(rs.randint(3, 128, 6))]
+    prompts = greedy_prompts()
     ids, mask = left_pad(prompts)
-    with torch.no_grad():
-        theirs = ref.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
-                              max_new_tokens=new_tokens, do_sample=False).numpy()[:, ids.shape[1]:]
+    if theirs is None:
+        theirs = hf_greedy_tokens(ref, new_tokens)
+    assert theirs.shape[1] >= new_tokens, theirs.shape
     with jax.set_mesh(jax.tree.leaves(model)[0].sharding.mesh):
         if engine is None:
             ours = generate(model, ids, attention_mask=mask, max_new_tokens=new_tokens)
         else:
             sampling = SamplingParams(max_completion_length=new_tokens, temperature=0.0)
             ours = np.asarray(engine(sampling).generate(model, prompts).completion_ids)
-    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours, theirs[:, :new_tokens])
 
 
 def load_back_unchanged(folder: str, ref: Any) -> Any:

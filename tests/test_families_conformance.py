@@ -18,6 +18,7 @@ still below the parity bound: see :data:`MOVED_TOL` and :data:`SCAN_TOL`.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -43,6 +44,7 @@ from hf_testing import (
     TOL,
     assert_greedy_generation_matches,
     assert_logits_match,
+    hf_greedy_tokens,
     hf_logits,
     load_back_unchanged,
     our_logits,
@@ -106,10 +108,24 @@ def _forward(loaded: Loaded) -> Any:
     return loaded.shared["forward"]
 
 
+def _hf_logits(loaded: Loaded) -> np.ndarray:
+    """transformers' logits of :func:`token_ids`, computed once per family (the reference of several checks)."""
+    if "hf_logits" not in loaded.shared:
+        loaded.shared["hf_logits"] = hf_logits(loaded.ref, token_ids())
+    return loaded.shared["hf_logits"]
+
+
+def _hf_greedy(loaded: Loaded) -> np.ndarray:
+    """transformers' 16 greedy tokens, once per family: every engine and the scanned model are held to them."""
+    if "hf_greedy" not in loaded.shared:
+        loaded.shared["hf_greedy"] = hf_greedy_tokens(loaded.ref, 16)
+    return loaded.shared["hf_greedy"]
+
+
 def test_logits_match_transformers(family: Loaded) -> None:
     """A batch longer than every window, then the same batch left-padded (positions count real tokens)."""
     ids = token_ids()
-    assert_logits_match(family.name, _forward(family)(ids), hf_logits(family.ref, ids))
+    assert_logits_match(family.name, _forward(family)(ids), _hf_logits(family))
     mask = np.ones_like(ids)
     mask[0, :5] = 0
     mask[1, :17] = 0
@@ -126,9 +142,10 @@ def test_variant_logits_and_round_trip(variant: str, tmp_path) -> None:
     case = FAMILIES[model_type]
     loaded = load_case(variant, model_type, case.variants[name], case.load, tmp_path)
     ids = token_ids()
-    assert_logits_match(variant, our_logits(loaded.model, ids), hf_logits(loaded.ref, ids))
+    theirs = hf_logits(loaded.ref, ids)
+    assert_logits_match(variant, our_logits(loaded.model, ids), theirs)
     back = load_back_unchanged(loaded.model.save_pretrained(str(tmp_path / "export")), loaded.ref)
-    np.testing.assert_array_equal(hf_logits(back, ids), hf_logits(loaded.ref, ids))
+    np.testing.assert_array_equal(hf_logits(back, ids), theirs)
 
 
 def test_packed_rows_equal_separate_rows(family: Loaded) -> None:
@@ -177,7 +194,8 @@ def test_greedy_generation_matches_transformers(family: Loaded, engine: str, req
     rollout engine's ``generate`` (the RolloutEngine interface; ``generate()`` runs the static one)."""
     if (engine, family.name) in KNOWN_GAPS:
         request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[engine, family.name]))
-    assert_greedy_generation_matches(family.model, family.ref, engine=rollout_engines()[engine])
+    assert_greedy_generation_matches(family.model, family.ref, engine=rollout_engines()[engine],
+                                     theirs=_hf_greedy(family))
 
 
 def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:
@@ -202,8 +220,8 @@ def test_scanned_layers_equal_unrolled(family: Loaded, tmp_path) -> None:
     diff = rel_diff(logits, _forward(family)(ids))
     print(f"{family.name}: scanned vs unrolled {diff:.1e}")
     assert diff < SCAN_TOL
-    assert_logits_match(f"{family.name}-scanned", logits, hf_logits(family.ref, ids))
-    assert_greedy_generation_matches(scanned, family.ref, new_tokens=6)
+    assert_logits_match(f"{family.name}-scanned", logits, _hf_logits(family))
+    assert_greedy_generation_matches(scanned, family.ref, new_tokens=6, theirs=_hf_greedy(family))
     load_back_unchanged(scanned.save_pretrained(str(tmp_path / "export")), family.ref)
 
 
@@ -216,7 +234,7 @@ def test_export_round_trip(family: Loaded, tmp_path) -> None:
     back = load_back_unchanged(out, family.ref)
     assert set(back.state_dict()) == set(family.ref.state_dict())
     ids = token_ids()
-    np.testing.assert_array_equal(hf_logits(back, ids), hf_logits(family.ref, ids))
+    np.testing.assert_array_equal(hf_logits(back, ids), _hf_logits(family))
     saved = json.load(open(os.path.join(out, "config.json")))
     assert saved["architectures"] == [type(family.ref).__name__] and saved["dtype"] == "float32"
     ref_config = family.ref.config.to_dict()
@@ -247,6 +265,6 @@ def test_lora_adapters_load_in_peft(family: Loaded, tmp_path) -> None:
     ours = our_logits(model, ids)
     assert rel_diff(ours, _forward(family)(ids)) > 100 * TOL  # the adapters take part
     folder = save_peft_adapter(model, tmp_path / "adapter")
-    reference = transformers.AutoModelForCausalLM.from_pretrained(family.folder, dtype=torch.float32).eval()
-    loaded = peft.PeftModel.from_pretrained(reference, folder).eval()
+    # a copy of transformers' model (the very tensors its folder holds): PEFT wraps the model it is given in place
+    loaded = peft.PeftModel.from_pretrained(copy.deepcopy(family.ref), folder).eval()
     assert_logits_match(f"{family.name}-lora-peft", ours, hf_logits(loaded, ids))
