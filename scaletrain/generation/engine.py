@@ -114,12 +114,15 @@ class StaticBatchProgram:
         self._program = jax.jit(self._program_body, static_argnames=("new", "greedy", "top_k", "use_top_p"))
 
     def run(self, params: Any, frozen: Any, batch: PaddedBatch, sampling: SamplingParams, seed: int | Array,
-            step: int | Array) -> Rollout:
+            step: int | Array, rows: Sequence[int] | None = None) -> Rollout:
         """Sample ``batch`` (see :func:`rollout`); the padding rows are cut off the result."""
         greedy = sampling.greedy
         stop = np.asarray(sampling.stop_token_ids, np.int32).reshape(-1)
+        keyed = np.arange(batch.live.shape[0], dtype=np.int32)
+        if rows is not None:
+            keyed[:len(rows)] = np.asarray(rows, np.int32)
         out = self._program(
-            params, frozen, batch.input_ids, batch.attention_mask, batch.live,
+            params, frozen, batch.input_ids, batch.attention_mask, batch.live, keyed,
             jnp.asarray(seed, jnp.uint32), jnp.asarray(step, jnp.int32),
             np.float32(1.0 if greedy else sampling.temperature), inverse_temperature(sampling.temperature),
             np.float32(1.0 if sampling.top_p is None else sampling.top_p),
@@ -133,10 +136,11 @@ class StaticBatchProgram:
         return Rollout(*(x[: batch.rows] for x in out[:-1]), out[-1])
 
     def _program_body(self, params: Any, frozen: Any, input_ids: Array, attention_mask: Array, live: Array,
-                      seed: Array, step: Array, temperature: Array, inv_temperature: Array, top_p: Array,
+                      keyed: Array, seed: Array, step: Array, temperature: Array, inv_temperature: Array, top_p: Array,
                       stop_ids: Array, fill: Array, *,
                       new: int, greedy: bool, top_k: int | None, use_top_p: bool) -> Rollout:
-        """Prefill, then decode until every row stopped or ``new`` tokens are out."""
+        """Prefill, then decode until every row stopped or ``new`` tokens are out; row ``r`` draws with the key of
+        ``(seed, step, keyed[r])``."""
         self.traces += 1  # runs only while tracing: one per compilation
         model = join_trainable(self.graphdef, params, frozen)
         pa = model.config.partition_axis
@@ -147,7 +151,7 @@ class StaticBatchProgram:
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
         cache = sharded_cache(model, b, p + new)
         hidden, cache = model.forward_with_cache(input_ids, positions, cache, 0, kv_valid)  # 0: a prefill
-        pick = functools.partial(pick_tokens, keys=row_keys(seed, step, jnp.arange(b)), greedy=greedy,
+        pick = functools.partial(pick_tokens, keys=row_keys(seed, step, keyed), greedy=greedy,
                                  temperature=temperature, inv_temperature=inv_temperature, top_k=top_k,
                                  top_p=top_p if use_top_p else None)
 
@@ -234,15 +238,17 @@ def split_source(source: Any) -> tuple[Any, Any, Any]:
 
 
 def rollout(source: Any, prompts: Any, sampling: SamplingParams, *, num_generations: int = 1,
-            seed: int | Array = 0, step: int | Array = 0, attention_mask: Any = None) -> Rollout:
+            seed: int | Array = 0, step: int | Array = 0, attention_mask: Any = None,
+            rows: Sequence[int] | None = None) -> Rollout:
     """Sample ``num_generations`` completions of each prompt from ``source``'s live parameters.
 
     ``source``: the TrainState being trained (``params`` and, for LoRA, ``frozen``; nothing is
     copied or merged), a ``(graphdef, params[, frozen])`` tuple, or a model. ``prompts``: token
     lists of any lengths, or [B, T] left-padded ids with ``attention_mask``. The draws are a pure
     function of ``(seed, step, row, position)``, so a resumed run samples what the uninterrupted one
-    did at the same ``step``. Runs on the mesh the parameters live on (entered here when none is
-    active). Returns device arrays (:class:`Rollout`); reading them is the only host sync.
+    did at the same ``step``; ``rows`` (one per output row) replaces each row's index in that key.
+    Runs on the mesh the parameters live on (entered here when none is active). Returns device arrays
+    (:class:`Rollout`); reading them is the only host sync.
     """
     graphdef, params, frozen = split_source(source)
     ids, mask = as_rows(prompts, attention_mask)
@@ -250,10 +256,10 @@ def rollout(source: Any, prompts: Any, sampling: SamplingParams, *, num_generati
     engine = engine_for(graphdef, params, frozen)
     if mesh is None or not jax.sharding.get_abstract_mesh().empty:
         return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling), sampling, seed,
-                          step)
+                          step, rows)
     with jax.set_mesh(mesh):
         return engine.run(params, frozen, _bucket(engine, ids, mask, num_generations, sampling), sampling, seed,
-                          step)
+                          step, rows)
 
 
 def _bucket(engine: StaticBatchProgram, ids: np.ndarray, mask: np.ndarray, num_generations: int,
@@ -282,6 +288,6 @@ class StaticBatchEngine:
     sampling: SamplingParams
 
     def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
-                 step: int = 0) -> Rollout:
+                 step: int = 0, rows: Sequence[int] | None = None) -> Rollout:
         return rollout(state, [list(p) for p in prompts], self.sampling, num_generations=num_generations,
-                       seed=seed, step=step)
+                       seed=seed, step=step, rows=rows)

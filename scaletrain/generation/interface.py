@@ -15,7 +15,9 @@ The contract, which every implementation keeps:
 - **Rows in request order**: ``num_generations`` completions of each prompt, adjacent (prompt
   ``i``'s at rows ``i * G .. i * G + G - 1``), whatever slot or batch ran them.
 - **Determinism**: a row's tokens depend only on ``(seed, step, row, position)``, so a resumed
-  run samples the completions the uninterrupted one did.
+  run samples the completions the uninterrupted one did. ``row`` is the row's request index unless
+  ``rows`` gives each output row its own id (a multi-turn rollout keys a row's later turns by the
+  row itself, not by its place among the rows still going).
 - **What comes back** (:class:`~scaletrain.generation.engine.Rollout`, device arrays, rows over
   the mesh's batch axes): ``prompt_ids`` / ``prompt_mask`` left-padded (mask 0 on padding),
   ``completion_ids`` / ``completion_mask`` right-padded to ``max_completion_length`` (mask 1 up to
@@ -43,8 +45,9 @@ class RolloutEngine(Protocol):
     sampling: SamplingParams
 
     def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
-                 step: int = 0) -> Rollout:
-        """The rollout of ``prompts`` (token ids, any lengths) at ``(seed, step)``, as device arrays."""
+                 step: int = 0, rows: Sequence[int] | None = None) -> Rollout:
+        """The rollout of ``prompts`` (token ids, any lengths) at ``(seed, step)``, as device arrays; ``rows``: the id
+        each output row's draws are keyed by (``len(prompts) * num_generations`` of them; default its index)."""
         ...
 
 

@@ -20,7 +20,8 @@ to decode); the host then prefills the next prompts and inserts them into the fr
   a slot that crosses a page boundary takes a free page on the device
   (:mod:`~scaletrain.generation.page_pool`), a slot that stops gives its pages back.
 
-Every random draw is keyed by the row's request index and the token's position in the
+Every random draw is keyed by the row's request index (or the id the request gives it, with its own
+seed: :class:`Sampler`) and the token's position in the
 completion (:func:`~scaletrain.generation.sampling.row_keys`), never by the slot, and every
 computation is row by row, so a row's tokens and log-probabilities do not depend on which slot
 ran it or what ran beside it.
@@ -81,7 +82,12 @@ class Prefill(NamedTuple):
 
 
 class Sampler(NamedTuple):
-    """The traced sampling operands every program shares (static flags are the programs' arguments)."""
+    """The traced sampling operands every program shares (static flags are the programs' arguments).
+
+    Per request row [R], each optional: ``row_seeds`` the seed its draws use (default ``seed``), ``row_ids`` the id
+    they are keyed by (default the row's index), ``row_limits`` the most tokens it samples (default ``new``). A
+    multi-turn rollout sets them per turn: a row's turn is keyed by (its turn's seed, the row), capped at its room.
+    """
 
     seed: Array
     step: Array
@@ -90,6 +96,18 @@ class Sampler(NamedTuple):
     top_p: Array
     stop_ids: Array
     fill: Array
+    row_seeds: Array | None = None
+    row_ids: Array | None = None
+    row_limits: Array | None = None
+
+    def keys(self, rows: Array) -> Array:
+        """The draw keys of request ``rows`` (out-of-range ids, an idle slot's, read a clamped entry, unused)."""
+        seeds = self.seed if self.row_seeds is None else self.row_seeds[rows]
+        return row_keys(seeds, self.step, rows if self.row_ids is None else self.row_ids[rows])
+
+    def limit(self, rows: Array, new: int) -> Array | int:
+        """How many tokens request ``rows`` may sample: ``new``, or less where ``row_limits`` says."""
+        return new if self.row_limits is None else jnp.minimum(self.row_limits[rows], new)
 
 
 def _layer_pairs(paged: Any, contiguous: Any) -> list[tuple[Any, Any]]:
@@ -235,13 +253,16 @@ class PagedPrograms:
         held = jnp.pad(prompt_pages, (0, max(max_pages - prompt_pages.shape[0], 0)))[:max_pages]
         table_rows = jnp.where(m[None, :] < whole, held[None, :], jnp.where(m[None, :] == whole, own[:, None], 0))
         first_tok, first_lp = pick_tokens(
-            jnp.broadcast_to(prefill.logits, (g, prefill.logits.shape[-1])), row_keys(sampler.seed, sampler.step, rows),
+            jnp.broadcast_to(prefill.logits, (g, prefill.logits.shape[-1])), sampler.keys(rows),
             jnp.int32(0), greedy=greedy, temperature=sampler.temperature, inv_temperature=sampler.inv_temperature,
             top_k=top_k, top_p=sampler.top_p if use_top_p else None)
         first_tok = jnp.where(valid, first_tok, sampler.fill)
         stop = jnp.any(first_tok[:, None] == sampler.stop_ids[None, :], axis=-1)
-        done = stop | (new == 1)
+        done = stop | (sampler.limit(rows, new) <= 1)
         out_rows = jnp.where(valid, rows, state.out_ids.shape[0])
+        blank = state._replace(out_ids=state.out_ids.at[out_rows].set(sampler.fill, mode="drop"),  # a row sampled again
+                               out_mask=state.out_mask.at[out_rows].set(0, mode="drop"),
+                               out_lp=state.out_lp.at[out_rows].set(0.0, mode="drop"))
         table = state.table.at[slots].set(table_rows, mode="drop")
         lengths = state.lengths.at[slots].set(n, mode="drop")
         stopping = jnp.zeros((num_slots,), bool).at[slots].set(valid & done, mode="drop")
@@ -251,9 +272,9 @@ class PagedPrograms:
             tokens=state.tokens.at[slots].set(first_tok, mode="drop"),
             t=state.t.at[slots].set(1, mode="drop"), rows=state.rows.at[slots].set(out_rows, mode="drop"),
             active=state.active.at[slots].set(valid & ~done, mode="drop"),
-            out_ids=state.out_ids.at[out_rows, 0].set(first_tok, mode="drop"),
-            out_mask=state.out_mask.at[out_rows, 0].set(1, mode="drop"),
-            out_lp=state.out_lp.at[out_rows, 0].set(first_lp, mode="drop"),
+            out_ids=blank.out_ids.at[out_rows, 0].set(first_tok, mode="drop"),
+            out_mask=blank.out_mask.at[out_rows, 0].set(1, mode="drop"),
+            out_lp=blank.out_lp.at[out_rows, 0].set(first_lp, mode="drop"),
             stopped=state.stopped.at[out_rows].set(stop, mode="drop"),
             short=state.short | short_a | short_b,
             peak_pages=jnp.maximum(state.peak_pages, jnp.sum(counts > 0)))
@@ -286,10 +307,10 @@ class PagedPrograms:
             table = s.table.at[every, page].set(jnp.where(need, ids, s.table[every, page]))
             write_page = jnp.where(s.active, table[every, page], counts.shape[0])
             hidden, cache = model.forward_paged(s.tokens[:, None], s.cache, PageTable(table, s.lengths, write_page))
-            tok, lp = pick(model.compute_logits(hidden[:, 0]), row_keys(sampler.seed, sampler.step, s.rows), s.t)
+            tok, lp = pick(model.compute_logits(hidden[:, 0]), sampler.keys(s.rows), s.t)
             out_rows = jnp.where(s.active, s.rows, num_rows)
             stop = jnp.any(tok[:, None] == sampler.stop_ids[None, :], axis=-1)
-            done = s.active & (stop | (s.t + 1 >= new))
+            done = s.active & (stop | (s.t + 1 >= sampler.limit(s.rows, new)))
             lengths = s.lengths + s.active.astype(jnp.int32)
             counts_after = give_back(counts, table, lengths, done, page_size)
             s = s._replace(

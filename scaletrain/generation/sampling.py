@@ -123,9 +123,14 @@ def categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
 
 
 def row_keys(seed: jax.Array, step: jax.Array, rows: jax.Array) -> jax.Array:
-    """One key per row [B] from ``(seed, step, row index)``: the rollout's randomness before positions."""
-    base = jax.random.fold_in(jax.random.key(seed), step)
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, rows)
+    """One key per row [B] from ``(seed, step, row)``: the rollout's randomness before positions. ``seed``: one
+    for every row, or one per row [B] (a multi-turn row's turn seed; equal seeds give the same keys either way);
+    ``rows``: the id each row's draws are keyed by (its request index, or the row it continues)."""
+    seed = jnp.asarray(seed)
+    if seed.ndim == 0:
+        base = jax.random.fold_in(jax.random.key(seed), step)
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, rows)
+    return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), r))(seed, rows)
 
 
 def inverse_temperature(temperature: float | None) -> np.float32:

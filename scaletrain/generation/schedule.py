@@ -1,0 +1,226 @@
+"""The continuous engine's host loop: a queue of requests, the free slots and pages, one round at a time.
+
+Why a class of its own rather than a loop inside ``generate``: the same scheduler serves two callers. A plain
+rollout (:meth:`~scaletrain.generation.continuous.ContinuousBatchEngine.generate`) queues every prompt and runs
+rounds until nothing is left. A multi-turn rollout (``rl/overlap.py``) keeps one schedule open for the whole
+rollout: a row whose turn ends with a tool call leaves its slot, and when its tools come back its next turn
+(the whole context, token in and token out, prefilled again) is queued here as a new request while the other
+rows go on decoding; the caller runs a round, reads which rows finished, and polls its tools in between.
+
+A request is a prompt and the request rows (output rows) its samples write: G adjacent rows for a prompt's G
+samples, or one row for a turn. Per row, the :class:`~scaletrain.generation.paged_programs.Sampler` may give the
+seed and id its draws are keyed by and how many tokens it may sample; a row written again (its next turn) is
+blanked by the insert. One round (:meth:`Schedule.advance`):
+
+1. a long prompt at the head of the queue prefills one chunk;
+2. queued requests go into free slots while their pages fit (a prompt prefilled once for its samples);
+3. one decode call; the host reads the slots' status, preempts the youngest row if the pool ran short (it is
+   queued again and samples the same tokens), and reports the rows that finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scaletrain.generation.ahead import Ahead
+from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, left_pad, round_up_pow2
+from scaletrain.generation.paged_programs import EngineState, PagedPrograms, Sampler
+
+
+@dataclasses.dataclass
+class _Entry:
+    """A queued request: its prompt's index, the request rows still to sample from it (G, or one preempted row),
+    how many of them sit in slots, once prefilled its :class:`Prefill` and the pages its whole pages took, and
+    while a long prompt is prefilled in chunks the cache so far and the slot its next chunk starts at."""
+
+    prompt: int
+    rows: list[int]
+    placed: int = 0
+    prefill: Any = None
+    held: Any = None
+    chunk_cache: Any = None
+    chunk_at: int = 0
+
+
+class Schedule:
+    """One open run of the continuous engine's programs (module docstring): ``rows`` request rows of at most
+    ``new`` tokens each, over ``slots`` slots and ``num_pages`` pages of ``page_size`` tokens, a slot's table
+    ``max_pages`` long; ``group``: the most rows one request has (the insert program's width); ``width``: the
+    bucket of the run's longest prompt, which every prompt's prefill is padded to (:meth:`width`). ``stats``
+    counts what ran (the engine's ``stats``). The decode program compiles on a thread
+    (:class:`~scaletrain.generation.ahead.Ahead`) while the first prompts are prefilled."""
+
+    def __init__(self, programs: PagedPrograms, params: Any, frozen: Any, sampler: Sampler, *, slots: int,
+                 page_size: int, decode_steps: int, prefill_chunk: int, num_pages: int, max_pages: int, rows: int,
+                 new: int, group: int, width: int, pad_id: int, flags: dict[str, Any]):
+        self.programs, self.params, self.frozen, self.sampler = programs, params, frozen, sampler
+        self.slots, self.page_size, self.decode_steps, self.prefill_chunk = slots, page_size, decode_steps, \
+            prefill_chunk
+        self.num_pages, self.rows, self.group, self.pad_id, self.flags = num_pages, rows, group, pad_id, flags
+        self.longest = width
+        self.row_seeds = np.full((rows,), int(sampler.seed), np.uint32)  # each request row's key and cap (Sampler)
+        self.row_ids = np.arange(rows, dtype=np.int32)
+        self.row_limits = np.full((rows,), new, np.int32)
+        self._keyed = False  # whether the sampler holds the arrays above as they are
+        self.sampler = sampler._replace(row_seeds=jnp.asarray(self.row_seeds), row_ids=jnp.asarray(self.row_ids),
+                                        row_limits=jnp.asarray(self.row_limits))
+        self.es: EngineState = programs.init(params, frozen, sampler.fill, slots=slots, num_pages=num_pages,
+                                             page_size=page_size, max_pages=max_pages, rows=rows, new=new)
+        # decode compiles on a thread while the first prompts are prefilled and inserted (a no-op once compiled)
+        self._ahead: Ahead | None = Ahead(programs.decode, params, frozen, self.es, self.sampler, jnp.asarray(True),
+                                          **flags, decode_steps=decode_steps)
+        self.prompts: list[list[int]] = []
+        self.prompt_of: dict[int, int] = {}  # request row -> the prompt it samples now
+        self.waiting: deque[_Entry] = deque()
+        self.in_slot: dict[int, int] = {}  # slot -> request row, as the host last placed or read it
+        self.free, self.live, self.free_pages = list(range(slots)), 0, num_pages
+        self.stats = dict(prefills=0, prefill_chunks=0, decode_calls=0, decodes_between_chunks=0, preemptions=0)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request waits or a row decodes."""
+        return bool(self.waiting) or self.live > 0
+
+    def submit(self, prompt: Sequence[int], rows: Sequence[int], *, seed: int | None = None,
+               limit: int | None = None) -> None:
+        """Queue ``prompt`` for request ``rows`` (its samples, at most ``group``; prefilled once for all of them);
+        their draws keyed by ``seed`` (default the run's) and their ids (:attr:`row_ids`), at most ``limit``
+        tokens each (default ``new``)."""
+        if not 0 < len(rows) <= self.group:
+            raise ValueError(f"a request has 1 to {self.group} rows, got {len(rows)}")
+        index = np.asarray(rows, np.int64)
+        if seed is not None:
+            self.row_seeds[index] = np.uint32(seed)
+        if limit is not None:
+            self.row_limits[index] = int(limit)
+        self._keyed = False
+        self.prompts.append([int(t) for t in prompt])
+        for r in rows:
+            self.prompt_of[int(r)] = len(self.prompts) - 1
+        self.waiting.append(_Entry(len(self.prompts) - 1, [int(r) for r in rows]))
+
+    def advance(self) -> list[int]:
+        """One round (module docstring); the request rows that finished in it."""
+        stats, g = self.stats, self.group
+        if not self._keyed:
+            self.sampler = self.sampler._replace(row_seeds=jnp.asarray(self.row_seeds),
+                                                 row_ids=jnp.asarray(self.row_ids),
+                                                 row_limits=jnp.asarray(self.row_limits))
+            self._keyed = True
+        head = self.waiting[0] if self.waiting else None
+        if head is not None and head.prefill is None and self._bucket(head.prompt) > self.prefill_chunk:
+            self._prefill_chunk(head)  # one chunk per round
+            stats["prefill_chunks"] += 1
+            stats["prefills"] += head.prefill is not None
+        while self.waiting and self.free:
+            entry = self.waiting[0]
+            n = len(self.prompts[entry.prompt])
+            whole, partial = divmod(n, self.page_size)
+            first = not entry.placed
+            take = min(len(entry.rows) - entry.placed, len(self.free))
+            reserve = self.live  # a page for each live slot's next page boundary, so insertion does not starve them
+            while take and (whole * first + take * (partial > 0)) > self.free_pages - reserve:
+                take -= 1
+            if not take:
+                break
+            if entry.prefill is None:
+                if self._bucket(entry.prompt) > self.prefill_chunk:
+                    break  # a long prompt still being prefilled, chunk by chunk
+                p_ids, p_mask = left_pad([self.prompts[entry.prompt]], self.pad_id, self._bucket(entry.prompt))
+                entry.prefill = self.programs.prefill(self.params, self.frozen, p_ids, p_mask)
+                stats["prefills"] += 1
+            if entry.held is None:
+                entry.held = jnp.zeros((self._bucket(entry.prompt) // self.page_size,), jnp.int32)
+            slots = np.full((g,), self.slots, np.int32)
+            slots[:take] = self.free[:take]
+            row_ids = np.full((g,), self.rows, np.int32)
+            row_ids[:take] = entry.rows[entry.placed:entry.placed + take]
+            self.es, entry.held = self.programs.insert(
+                self.es, entry.prefill, jnp.int32(n), slots, row_ids, jnp.asarray(first), jnp.int32(len(entry.rows)),
+                entry.held, self.sampler, **self.flags)
+            self.in_slot.update(zip(self.free[:take], entry.rows[entry.placed:entry.placed + take]))
+            self.free, self.live = self.free[take:], self.live + take
+            self.free_pages -= whole * first + take * (partial > 0)
+            entry.placed += take
+            if entry.placed == len(entry.rows):
+                self.waiting.popleft()
+        if self._ahead is not None:
+            self._ahead.wait()
+            self._ahead = None
+        self.es, status = self.programs.decode(self.params, self.frozen, self.es, self.sampler,
+                                               jnp.asarray(bool(self.waiting)), **self.flags,
+                                               decode_steps=self.decode_steps)
+        stats["decode_calls"] += 1
+        stats["decodes_between_chunks"] += bool(self.waiting) and self.waiting[0].chunk_cache is not None
+        status = np.array(status)
+        active, slot_rows, (self.free_pages, short) = (status[:self.slots], status[self.slots:2 * self.slots],
+                                                       status[-2:])
+        if short:  # the pool cannot give the next step's pages: the youngest row leaves and waits again
+            victim = int(np.argmax(np.where(active > 0, slot_rows, -1)))
+            self.es = self.programs.preempt(self.es, jnp.int32(victim), self.sampler.fill, page_size=self.page_size)
+            row = int(slot_rows[victim])
+            self.waiting.appendleft(_Entry(self.prompt_of[row], [row]))
+            stats["preemptions"] += 1
+            active[victim] = 0
+            del self.in_slot[victim]
+            self.free_pages = int(jnp.sum(self.es.counts == 0))
+        finished = [row for slot, row in self.in_slot.items() if not active[slot]]
+        self.in_slot = {slot: row for slot, row in self.in_slot.items() if active[slot]}
+        self.free = [s for s in range(self.slots) if not active[s]]
+        self.live = int(active.sum())
+        return sorted(finished)
+
+    def finish(self) -> dict[str, int]:
+        """The run's ``stats`` with its pages (peak, still held, the pool's); RuntimeError if the pool ran out
+        inside a step (an engine bug)."""
+        if bool(self.es.short):
+            raise RuntimeError(f"the paged cache ran out of its {self.num_pages} pages inside a step (an engine bug: "
+                               "insertion checks the free pages and decoding preempts before a step that would)")
+        return dict(self.stats, peak_pages=int(self.es.peak_pages), pages_in_use=int(jnp.sum(self.es.counts > 0)),
+                    num_pages=self.num_pages)
+
+    def read(self, rows: Sequence[int]) -> list[tuple[list[int], list[float]]]:
+        """Request ``rows``' sampled ids and log-probabilities, read to the host."""
+        index = jnp.asarray(np.asarray(rows, np.int32))
+        ids, mask, lps = (np.asarray(jax.device_get(x[index])) for x in (self.es.out_ids, self.es.out_mask,
+                                                                           self.es.out_lp))
+        lengths = mask.sum(axis=1)
+        return [([int(t) for t in ids[i, :n]], [float(x) for x in lps[i, :n]]) for i, n in enumerate(lengths)]
+
+    def _bucket(self, prompt: int) -> int:
+        """The width prompt ``prompt`` is left-padded to for its prefill: one width for every prompt of a run, its
+        longest prompt's bucket (a power of two, at least 16 and one page), capped at ``prefill_chunk`` for a prompt
+        that fits in one chunk; a longer one is prefilled in chunks at that width. A prompt longer than the run's
+        longest (a multi-turn row's next turn) takes its own bucket.
+
+        Why one width per run and not each prompt's own bucket: the prefill and insert programs compile once per
+        width (each ~1-3 CPU-s for SmolLM2-135M). The padding is masked out of attention and positions, so a row's
+        tokens do not change; its log-probs may in the last bits."""
+        own = round_up_pow2(len(self.prompts[prompt]), max(MIN_PROMPT_BUCKET, self.page_size))
+        if own > self.longest:
+            return own
+        return self.longest if own > self.prefill_chunk else min(self.longest, self.prefill_chunk)
+
+    def _prefill_chunk(self, entry: _Entry) -> None:
+        """Prefill ``entry``'s next ``prefill_chunk`` tokens; its :class:`Prefill` is set after the last one.
+        Chunks of left padding alone are skipped (their slots stay masked out)."""
+        size, prompt = self.prefill_chunk, self.prompts[entry.prompt]
+        ids, mask = left_pad([prompt], self.pad_id, self._bucket(entry.prompt))
+        if entry.chunk_cache is None:
+            entry.chunk_cache = self.programs.prefill_cache(self.params, self.frozen, width=ids.shape[1])
+            entry.chunk_at = (ids.shape[1] - len(prompt)) // size * size
+        at = entry.chunk_at
+        out = self.programs.prefill_chunk(self.params, self.frozen, entry.chunk_cache, ids[:, at:at + size], mask,
+                                          jnp.int32(at))
+        entry.chunk_at += size
+        if entry.chunk_at >= ids.shape[1]:
+            entry.prefill, entry.chunk_cache = out, None
+        else:
+            entry.chunk_cache = out.cache
