@@ -64,13 +64,13 @@ class FirstCalls:
     sampling: object
     tokenizer: object
 
-    def generate(self, state, prompts, *, num_generations=1, seed=0, step=0):
+    def generate(self, state, prompts, *, num_generations=1, seed=0, step=0, rows=None):
         import jax.numpy as jnp
 
         from scaletrain.generation import StaticBatchEngine
 
         out = StaticBatchEngine(self.sampling).generate(state, prompts, num_generations=num_generations, seed=seed,
-                                                        step=step)
+                                                        step=step, rows=rows)
         if self.tokenizer.decode(list(prompts[0])).count("<|im_start|>assistant") != 1:
             return out  # a later turn: sampled as it is
         from scaletrain.rl.process_rows import read_whole
@@ -91,7 +91,7 @@ def main() -> None:
     import scaletrain as st
     from scaletrain.generation import SamplingParams
     from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-    from scaletrain.rl.multi_turn import MultiTurnEngine
+    from scaletrain.rl.agent_engine import MultiTurnEngine
     from scaletrain.rl.trainer import GRPOTrainer
     from scaletrain.training import params_sha256
 

@@ -58,7 +58,7 @@ class Script:
         return [self.turn(r, p) for r, p in enumerate(prompts)]
 
     def sampler(self, prompts):
-        def sample(contexts, budget, turn):
+        def sample(contexts, budget, turn, rows):
             return [self.turn(self.rows.index(next(p for p in prompts if c[:len(p)] == p)), c)
                     for c in contexts]
         return sample

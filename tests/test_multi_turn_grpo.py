@@ -46,7 +46,7 @@ class ScriptedTurns:
     sampling: object
     tokenizer: object
 
-    def generate(self, state, prompts, *, num_generations=1, seed=0, step=0):
+    def generate(self, state, prompts, *, num_generations=1, seed=0, step=0, rows=None):
         import jax.numpy as jnp
 
         from scaletrain.generation.interface import Rollout
@@ -92,7 +92,7 @@ def _tiny():
 def run(tmp_path_factory):
     import scaletrain as st
     from scaletrain.generation import SamplingParams
-    from scaletrain.rl.multi_turn import MultiTurnEngine
+    from scaletrain.rl.agent_engine import MultiTurnEngine
     from scaletrain.rl.trainer import GRPOTrainer
 
     root = tmp_path_factory.mktemp("multi_turn")
@@ -158,7 +158,7 @@ def test_completions_jsonl_shows_each_episode_as_its_turns(run):
 
 def test_multi_turn_first_turn_is_the_engines_single_turn_rollout():
     from scaletrain.generation import SamplingParams, StaticBatchEngine
-    from scaletrain.rl.multi_turn import MultiTurnEngine
+    from scaletrain.rl.agent_engine import MultiTurnEngine
     from scaletrain.rl.tools import Toolbox
 
     tok = chatml_tokenizer()

@@ -102,7 +102,7 @@ def our_trajectories(tok, prompt_ids, fmt):
     first = [script.next(r) for r in range(len(SCRIPT))]
     heads = [prompt_ids[r] + first[r][0] for r in range(len(SCRIPT))]
 
-    def sample(contexts, budget, turn):
+    def sample(contexts, budget, turn, rows):
         return [script.next(row_of(heads, c)) for c in contexts]
 
     return run_episodes(prompt_ids, first, sample, [Toolbox(TOOLS) for _ in SCRIPT], tok, fmt=fmt,

@@ -25,7 +25,8 @@ from scaletrain.data.prompts import PromptRow, is_messages
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.rl.chat_turns import prompt_ids
 from scaletrain.rl.rewards import RewardFunction, _import
-from scaletrain.rl.multi_turn import MultiTurnEngine, episode_record, tool_figures
+from scaletrain.rl.agent_engine import MultiTurnEngine
+from scaletrain.rl.multi_turn import episode_record, tool_figures
 from scaletrain.rl.tool_calls import resolve_format
 from scaletrain.rl.env_steps import episode_return, is_multi_turn
 from scaletrain.rl.tools import Toolbox, environment_tools, tool_schema

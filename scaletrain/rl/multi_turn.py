@@ -1,10 +1,10 @@
 """Multi-turn rollouts: the model calls tools, reads their results and goes on, token in and token out.
 
 Why a loop above the engine rather than inside it: a turn is a rollout of the engine (any
-:class:`~scaletrain.generation.interface.RolloutEngine`, today's static batch or a continuous-batching
-one), and what happens between turns is host work on user code (parse the calls, run the tools,
-render their results). So :class:`MultiTurnEngine` implements the same interface: the trainer asks it
-for a rollout as it asks any engine, and gets the usual arrays plus ``tool_mask``.
+:class:`~scaletrain.generation.interface.RolloutEngine`), and what happens between turns is host work on user
+code (parse the calls, run the tools, render their results). This module holds the episode on the host, the
+per-row rules (:class:`Rules`) and the turn-by-turn loop (:func:`run_episodes`); ``rl/overlap.py`` runs the same
+rules in one continuous-engine run, and ``rl/agent_engine.MultiTurnEngine`` is the engine the trainer asks.
 
 One rollout, TRL 1.16's ``_tool_call_loop`` step for step (the parity test runs TRL's on the same
 completions and tools):
@@ -29,9 +29,10 @@ log-probabilities are 0 on those tokens, and the trainer's loss mask is ``comple
 tool_mask`` (and so is the sampler-vs-trainer gap's). A row is truncated when its last token is not a
 stop token (TRL's rule on the whole trajectory).
 
-Determinism: the first turn is the engine's, a function of ``(seed, step, row, position)``; a later turn
-``k`` samples at the seed ``(seed, k)`` over the rows still going, in row order, which the same
-parameters make the same rows, so a resumed run replays the same episodes.
+Determinism: a row's every token is a function of ``(seed, step, row, turn, position)`` only, never of which
+other rows are still going: the first turn is the engine's (``(seed, step, row, position)``), and turn ``k``
+draws with the seed :func:`turn_seed` ``(seed, k)`` and the row's own id (the engine's ``rows=``), so a resumed run
+replays the same episodes and a row's episode is the same whatever its neighbours do.
 """
 
 from __future__ import annotations
@@ -45,18 +46,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletrain.generation.interface import Rollout, RolloutEngine, SamplingParams
 from scaletrain.rl.chat_turns import tool_result_ids, user_turn_ids
 from scaletrain.rl.env_steps import StepResult, is_multi_turn, step_jobs
-from scaletrain.rl.process_rows import OwnedCalls, read_whole
+from scaletrain.rl.process_rows import OwnedCalls
 from scaletrain.rl.tool_calls import parse_turn, tool_calls
 from scaletrain.rl.tools import DEFAULT_TOOL_TIMEOUT, Toolbox, call_jobs
 from scaletrain.user_calls import concurrently
 
 #: a turn's sampled ids and their log-probabilities, one pair per context
 Turns = list[tuple[list[int], list[float]]]
-#: ``sample(contexts, budget, turn) -> Turns``: one turn of at most ``budget`` tokens after each context
-TurnSampler = Callable[[Sequence[Sequence[int]], int, int], Turns]
+#: ``sample(contexts, budget, turn, rows) -> Turns``: turn ``turn`` of at most ``budget`` tokens after each context,
+#: the context of request row ``rows[i]``
+TurnSampler = Callable[[Sequence[Sequence[int]], int, int, Sequence[int]], Turns]
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed turn ``turn`` of a rollout at ``seed`` draws with (turn 0: ``seed`` itself, the engine's)."""
+    return int(seed) if turn == 0 else (int(seed) * 1_000_003 + int(turn)) % (1 << 32)
 
 
 class Trajectories(NamedTuple):
@@ -105,20 +111,80 @@ class Episode:
             self.environment_tokens
 
 
-def _wants(e: Episode, box: Toolbox, tool_limit: float, max_turns: int | None) -> str | None:
-    """What follows ``e``'s last turn: ``"tools"`` (it calls tools and may run another round), ``"environment"``
-    (no calls, and its multi-turn environment has not ended it), or None (the episode is over)."""
-    if tool_calls(e.messages[-1]):
-        return "tools" if e.tool_rounds < tool_limit else None
-    if e.done or box.environment is None or not is_multi_turn(box.environment):
-        return None
-    return "environment" if max_turns is None or e.environment_steps < max_turns else None
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """What bounds a rollout's episodes (module docstring): the tokenizer and tool-call ``fmt`` that read and render
+    turns, ``max_completion_length`` over the whole trajectory, ``max_tool_calling_iterations`` (None: no limit),
+    the model's ``max_model_len``, ``tool_timeout`` per call or ``step``, ``max_turns`` ``step`` calls."""
+
+    tokenizer: Any
+    fmt: str
+    max_completion_length: int
+    max_tool_calling_iterations: int | None = None
+    max_model_len: int | None = None
+    tool_timeout: float = DEFAULT_TOOL_TIMEOUT
+    max_turns: int | None = None
+
+    def wants(self, e: Episode, box: Toolbox) -> str | None:
+        """What follows ``e``'s last turn: ``"tools"`` (it calls tools and may run another round),
+        ``"environment"`` (no calls, and its multi-turn environment has not ended it), or None (it is over)."""
+        if tool_calls(e.messages[-1]):
+            limit = self.max_tool_calling_iterations
+            return "tools" if limit is None or e.tool_rounds < limit else None
+        if e.done or box.environment is None or not is_multi_turn(box.environment):
+            return None
+        return "environment" if self.max_turns is None or e.environment_steps < self.max_turns else None
+
+    def first(self, prompt: Sequence[int], ids: Sequence[int], lps: Sequence[float], box: Toolbox) -> Episode:
+        """A row's episode after its first turn ``ids`` (log-probabilities ``lps``)."""
+        return Episode(list(prompt), list(ids), [1] * len(ids), list(lps),
+                       [parse_turn(self.tokenizer, ids, self.fmt, prefix=prompt, tools=box.tools)])
+
+    def follow(self, e: Episode, kind: str, outcome: Any) -> list[int] | None:
+        """Record what a row's tools or environment gave back (``kind``: :meth:`wants`'s) and give the context its
+        next turn is sampled after; None: the episode ends (ended by the environment, or the results would overflow
+        ``max_completion_length`` or the model's positions: they are dropped, TRL's rule)."""
+        before = len(e.messages)
+        new = _appended(e, outcome, self.tokenizer, self.max_turns)
+        if new is None:
+            return None
+        context = e.prompt_ids + e.completion_ids + new
+        if len(context) - len(e.prompt_ids) > self.max_completion_length or (
+                self.max_model_len is not None and len(context) >= self.max_model_len):
+            del e.messages[before:]
+            return None
+        e.environment_tokens += len(new) if kind == "environment" else 0
+        return context
+
+    def room(self, e: Episode, context: Sequence[int]) -> int:
+        """How many tokens the turn sampled after ``context`` may keep: what is left of ``max_completion_length``."""
+        return self.max_completion_length - (len(context) - len(e.prompt_ids))
+
+    def take(self, e: Episode, context: Sequence[int], ids: Sequence[int], lps: Sequence[float],
+             box: Toolbox) -> str | None:
+        """Append the turn sampled after ``context`` (cut to :meth:`room`) to ``e``; what follows it (:meth:`wants`)."""
+        room = self.room(e, context)
+        ids, lps = list(ids)[:room], list(lps)[:room]
+        appended = len(context) - len(e.prompt_ids) - len(e.completion_ids)
+        e.tool_mask += [0] * appended + [1] * len(ids)
+        e.log_probs += [0.0] * appended + lps
+        e.completion_ids = list(context[len(e.prompt_ids):]) + ids
+        if not ids:
+            return None
+        e.turns += 1
+        e.messages.append(parse_turn(self.tokenizer, ids, self.fmt, prefix=context, tools=box.tools))
+        return self.wants(e, box)
 
 
-def _follow(pending: Mapping[int, str], episodes: Sequence[Episode], toolboxes: Sequence[Toolbox],
-            timeout: float) -> dict[int, Any]:
-    """Run, all at once, the tool calls and environment steps that ``pending`` (row -> what it wants) asks for;
-    ``{row: [ToolResult] | StepResult}``."""
+def follow_row(row: int, kind: str, e: Episode, box: Toolbox, timeout: float) -> Any:
+    """Run what row ``row`` wants after its last turn: its tool calls, all at once (``[ToolResult]``), or its
+    environment's ``step`` (:class:`StepResult`); each call bounded by ``timeout``, never raising."""
+    return _follow({row: kind}, {row: e}, {row: box}, timeout)[row]
+
+
+def _follow(pending: Mapping[int, str], episodes: Any, toolboxes: Any, timeout: float) -> dict[int, Any]:
+    """Run, all at once, the tool calls and environment steps that ``pending`` (row -> what it wants) asks for
+    (``episodes`` and ``toolboxes`` indexed by row); ``{row: [ToolResult] | StepResult}``."""
     calls = call_jobs([(i, toolboxes[i], tool_calls(episodes[i].messages[-1]))
                        for i, kind in pending.items() if kind == "tools"], timeout)
     steps = step_jobs([(i, toolboxes[i].environment, str(episodes[i].messages[-1].get("content") or ""))
@@ -158,14 +224,14 @@ def run_episodes(prompts: Sequence[Sequence[int]], first: Turns, sample: TurnSam
                  tokenizer: Any, *, fmt: str, max_completion_length: int, max_tool_calling_iterations: int | None,
                  max_model_len: int | None = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
                  max_turns: int | None = None, calls: OwnedCalls | None = None) -> list[Episode]:
-    """Every row's episode (see the module docstring), from its prompt ids, its first sampled turn and its tools
-    (and its multi-turn environment, ``rl/env_steps.py``: ``max_turns`` bounds its ``step`` calls). ``calls``: on
-    several processes, the rows whose calls this process runs; the others' outcomes come from their owners."""
-    episodes = [Episode(list(p), list(ids), [1] * len(ids), list(lps),
-                        [parse_turn(tokenizer, ids, fmt, prefix=p, tools=box.tools)])
-                for p, (ids, lps), box in zip(prompts, first, toolboxes)]
-    limit = max_tool_calling_iterations if max_tool_calling_iterations is not None else float("inf")
-    pending = {i: w for i, e in enumerate(episodes) if (w := _wants(e, toolboxes[i], limit, max_turns))}
+    """Every row's episode, turn by turn (see the module docstring), from its prompt ids, its first sampled turn and
+    its tools (and its multi-turn environment, ``rl/env_steps.py``: ``max_turns`` bounds its ``step`` calls).
+    ``calls``: on several processes, the rows whose calls this process runs; the others' outcomes come from their
+    owners."""
+    rules = Rules(tokenizer, fmt, max_completion_length, max_tool_calling_iterations, max_model_len, tool_timeout,
+                  max_turns)
+    episodes = [rules.first(p, ids, lps, box) for p, (ids, lps), box in zip(prompts, first, toolboxes)]
+    pending = {i: w for i, e in enumerate(episodes) if (w := rules.wants(e, toolboxes[i]))}
     turn = 0
     while pending:
         start = time.perf_counter()
@@ -175,40 +241,20 @@ def run_episodes(prompts: Sequence[Sequence[int]], first: Turns, sample: TurnSam
         waited = time.perf_counter() - start
         contexts, kept = [], []
         for i in pending:
-            e = episodes[i]
-            e.tool_seconds += waited
-            before = len(e.messages)
-            new = _appended(e, outcomes[i], tokenizer, max_turns)
-            if new is None:
-                continue
-            context = e.prompt_ids + e.completion_ids + new
-            overlong = len(context) - len(e.prompt_ids) > max_completion_length or (
-                max_model_len is not None and len(context) >= max_model_len)
-            if overlong:  # the results are dropped: the row ends with its completion as it is (TRL's rule)
-                del e.messages[before:]
-                continue
-            e.environment_tokens += len(new) if pending[i] == "environment" else 0
-            contexts.append(context)
-            kept.append(i)
+            episodes[i].tool_seconds += waited
+            context = rules.follow(episodes[i], pending[i], outcomes[i])
+            if context is not None:
+                contexts.append(context)
+                kept.append(i)
         if not kept:
             break
         turn += 1
-        budget = max(max_completion_length - (len(c) - len(episodes[i].prompt_ids)) for c, i in zip(contexts, kept))
-        turns = sample(contexts, max(budget, 1), turn)
+        budget = max(rules.room(episodes[i], c) for c, i in zip(contexts, kept))
+        turns = sample(contexts, max(budget, 1), turn, kept)
         pending = {}
         for i, context, (ids, lps) in zip(kept, contexts, turns):
-            e = episodes[i]
-            room = max_completion_length - (len(context) - len(e.prompt_ids))
-            ids, lps = list(ids)[:room], list(lps)[:room]
-            appended = len(context) - len(e.prompt_ids) - len(e.completion_ids)
-            e.tool_mask += [0] * appended + [1] * len(ids)
-            e.log_probs += [0.0] * appended + lps
-            e.completion_ids = context[len(e.prompt_ids):] + ids
-            if ids:
-                e.turns += 1
-                e.messages.append(parse_turn(tokenizer, ids, fmt, prefix=context, tools=toolboxes[i].tools))
-                if wants := _wants(e, toolboxes[i], limit, max_turns):
-                    pending[i] = wants
+            if wants := rules.take(episodes[i], context, ids, lps, toolboxes[i]):
+                pending[i] = wants
     return episodes
 
 
@@ -230,76 +276,6 @@ def to_arrays(episodes: Sequence[Episode], width: int, pad_id: int, stop_ids: Se
     lengths = mask.sum(axis=1).astype(np.int32)
     return Trajectories(*(jnp.asarray(x) for x in (prompt_ids, prompt_mask, comp, mask, logps, lengths, truncated)),
                         jnp.asarray(int(lengths.max(initial=0)), jnp.int32), jnp.asarray(tool_mask))
-
-
-def _turns(out: Rollout, keep: int | None = None) -> Turns:
-    """A rollout's rows read to the host: each row's sampled ids and log-probabilities (its first ``keep`` rows)."""
-    ids, lps, lengths = (read_whole(x) for x in (out.completion_ids, out.log_probs, out.lengths))
-    rows = range(len(lengths) if keep is None else keep)
-    return [([int(t) for t in ids[r, :lengths[r]]], [float(x) for x in lps[r, :lengths[r]]]) for r in rows]
-
-
-def with_budget(engine: RolloutEngine, budget: int) -> RolloutEngine:
-    """``engine`` sampling at most ``budget`` tokens a turn (rounded up to a power of two, so a run compiles a few
-    turn lengths, not one per budget), where its sampling can be replaced; else ``engine`` as it is."""
-    cap = engine.sampling.max_completion_length
-    new = min(cap, 1 << max(0, int(budget) - 1).bit_length())
-    if new == cap or not dataclasses.is_dataclass(engine):
-        return engine
-    return dataclasses.replace(engine, sampling=dataclasses.replace(engine.sampling, max_completion_length=new))
-
-
-@dataclasses.dataclass
-class MultiTurnEngine:
-    """A :class:`~scaletrain.generation.interface.RolloutEngine` whose rows call tools between turns (module docstring).
-
-    ``inner``: the engine that samples each turn (its ``sampling`` caps the whole completion); ``tokenizer``: the
-    chat template renders tool results; ``toolboxes(rows) -> [Toolbox]``: each row's tools for a rollout of
-    ``rows`` rows (fresh environment instances, ``rl/episodes.py``); ``fmt``: the tool-call format
-    (``rl/tool_calls.py``). ``last_episodes`` holds the last rollout's episodes (the trainer's figures and logs).
-    """
-
-    inner: RolloutEngine
-    tokenizer: Any
-    toolboxes: Callable[[int], Sequence[Toolbox]]
-    fmt: str
-    max_tool_calling_iterations: int | None = None
-    tool_timeout: float = DEFAULT_TOOL_TIMEOUT
-    max_model_len: int | None = None
-    max_turns: int | None = None
-    last_episodes: list[Episode] = dataclasses.field(default_factory=list)
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.inner.sampling
-
-    def generate(self, state: Any, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, seed: int = 0,
-                 step: int = 0, toolboxes: Sequence[Toolbox] | None = None,
-                 owned: Sequence[int] | None = None) -> Trajectories:
-        """The rollout of ``prompts`` with tools between turns; ``toolboxes`` (one per row) overrides
-        ``self.toolboxes``; ``owned``: on several processes, the rows whose tools and environment steps this
-        process runs (:class:`~scaletrain.rl.process_rows.OwnedCalls`; None: every row's). Reads each turn to
-        the host (the tools need its text)."""
-        rows = [list(p) for p in prompts for _ in range(num_generations)]
-        first = _turns(self.inner.generate(state, [list(p) for p in prompts], num_generations=num_generations,
-                                           seed=seed, step=step))
-
-        def sample(contexts: Sequence[Sequence[int]], budget: int, turn: int) -> Turns:
-            engine = with_budget(self.inner, budget)
-            turn_seed = (int(seed) * 1_000_003 + turn) % (1 << 32)
-            return _turns(engine.generate(state, [list(c) for c in contexts], num_generations=1, seed=turn_seed,
-                                          step=step))
-
-        boxes = list(toolboxes) if toolboxes is not None else list(self.toolboxes(len(rows)))
-        sampling = self.inner.sampling
-        self.last_episodes = run_episodes(
-            rows, first, sample, boxes, self.tokenizer, fmt=self.fmt,
-            max_completion_length=sampling.max_completion_length,
-            max_tool_calling_iterations=self.max_tool_calling_iterations, max_model_len=self.max_model_len,
-            tool_timeout=self.tool_timeout, max_turns=self.max_turns,
-            calls=None if owned is None else OwnedCalls(owned))
-        return to_arrays(self.last_episodes, sampling.max_completion_length, sampling.pad_token_id,
-                         sampling.stop_token_ids)
 
 
 def tool_figures(episodes: Sequence[Episode]) -> dict[str, float]:
