@@ -6,8 +6,8 @@ returns scripted turns, and ours (``rl.multi_turn.run_episodes``) gets the same 
 in order, whatever context it is asked after, with log-probabilities that differ per turn and row. The
 rows cover a turn without calls, one call, calls over several iterations up to
 ``max_tool_calling_iterations``, two calls in one turn, a tool that raises, an unknown tool, a malformed call,
-a tool result that would overflow ``max_completion_length`` (dropped: the row ends as it was), and a later
-turn cut at the cap. Token ids, the tool mask, the log-probabilities (0 on tool tokens), the messages and
+a tool result that would overflow ``max_completion_length`` (dropped: the row ends as it was), a later
+turn cut at the cap, calls whose arguments are not a JSON object (a string, a list) and null arguments. Token ids, the tool mask, the log-probabilities (0 on tool tokens), the messages and
 the call/failure counts must be equal; both the tokenizer's parser and our own Hermes parser are checked.
 """
 
@@ -36,7 +36,11 @@ SCRIPT = [
     ['<tool_call>\n{"name": multiply}\n</tool_call>' + END],
     [call("echo", text="abcdefghij", times=50) + END, "never sampled" + END],
     [call("multiply", a=6, b=7) + END, "forty-two " * 45 + END],
+    ['<tool_call>\n{"name": "multiply", "arguments": "a=2, b=3"}\n</tool_call>' + END, "Bad call." + END],
+    ['<tool_call>\n{"name": "divide", "arguments": [9, 3]}\n</tool_call>' + END, "Bad call." + END],
+    ['<tool_call>\n{"name": "echo", "arguments": null}\n</tool_call>' + END, "Bad call." + END],
 ]
+BAD_ARGUMENTS = {9: ("multiply", "str"), 10: ("divide", "list")}  # row 11: null arguments are no arguments
 TOOLS = [multiply, divide, echo]
 
 
@@ -135,5 +139,29 @@ def test_tool_trajectories_equal_trl_tool_call_loop(both, fmt):
     assert episodes[7].tool_mask == [1] * len(episodes[7].completion_ids)  # echo's result did not fit
     assert len(episodes[8].completion_ids) == CAP and not episodes[8].completion_ids[-1] == tok.eos_token_id
     assert episodes[2].turns == 3 and "tool_calls" in episodes[2].messages[-1]  # stopped by the iteration limit
-    assert failures == 2 and episodes[4].failed_tools == ["divide"] and episodes[5].failed_tools == ["search"]
+    assert failures == 2 + len(BAD_ARGUMENTS) + 1  # row 11's echo() called without its arguments
+    assert episodes[4].failed_tools == ["divide"] and episodes[5].failed_tools == ["search"]
     assert 0 in episodes[1].tool_mask and episodes[1].log_probs[episodes[1].tool_mask.index(0)] == 0.0
+
+
+def test_a_call_whose_arguments_are_not_an_object_fails_with_trls_error_text_naming_the_tool(both):
+    """TRL calls ``tool(**arguments)``: arguments written as a string or a list fail with Python's TypeError text,
+    which names the tool; ours give the model the same text (not an internal one) and count a failure. Null
+    arguments are no arguments, as TRL's parser reads them."""
+    import agentic_testing
+
+    tok, prompt_ids, (ids, _, _, completions, _, _) = both
+    episodes = our_trajectories(tok, prompt_ids, "hermes")
+    for row, (name, kind) in BAD_ARGUMENTS.items():
+        bad = "a=2, b=3" if kind == "str" else [9, 3]
+        with pytest.raises(TypeError) as python:
+            getattr(agentic_testing, name)(**bad)
+        expected = str({"error": str(python.value)})
+        assert f"agentic_testing.{name}() argument after ** must be a mapping, not {kind}" in expected
+        assert episodes[row].messages[1] == {"role": "tool", "name": name, "content": expected}
+        assert episodes[row].failed_tools == [name] and episodes[row].tool_failures == 1
+        assert completions[row][1]["content"] == expected  # TRL's loop gave the model the same text
+        assert episodes[row].completion_ids == ids[row]
+    assert episodes[11].messages[0]["tool_calls"][0]["function"]["arguments"] == {}
+    assert "echo() missing 2 required positional arguments" in episodes[11].messages[1]["content"]
+    assert episodes[11].messages == completions[11]

@@ -123,7 +123,8 @@ def _tokenizer_parse(tokenizer: Any, ids: list[int], prefix: Sequence[int] | Non
 
 
 def _check_calls(calls: Any) -> None:
-    """ValueError unless ``calls`` is None or a list of well-formed function calls (no-argument calls get ``{}``)."""
+    """ValueError unless ``calls`` is None or a list of well-formed function calls. Arguments absent or null are
+    ``{}``; any other arguments that are not an object are kept, and the call fails as it runs (TRL's rules)."""
     if calls is None:
         return
     if not isinstance(calls, list):
@@ -143,6 +144,7 @@ def tool_calls(message: dict[str, Any]) -> list[ToolCall]:
     out = []
     for call in message.get("tool_calls") or []:
         body = call.get("function", call)
-        out.append(ToolCall(name=body.get("name", "unknown"), arguments=body.get("arguments") or {},
+        arguments = body.get("arguments")
+        out.append(ToolCall(name=body.get("name", "unknown"), arguments={} if arguments is None else arguments,
                             kind=call.get("type", "function")))
     return out

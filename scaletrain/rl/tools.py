@@ -57,7 +57,7 @@ class ToolCall:
     (only ``"function"`` runs)."""
 
     name: str
-    arguments: Mapping[str, Any]
+    arguments: Any  # a mapping when the model wrote a JSON object; anything else fails the call
     kind: str = "function"
 
 
@@ -95,7 +95,19 @@ class Toolbox:
         fn = self.by_name.get(call.name)
         if fn is None:
             raise ValueError(f"Tool {call.name} not found.")
+        if not isinstance(call.arguments, Mapping):
+            raise TypeError(not_an_object(fn, call.arguments))
         return invoke(fn, **call.arguments)
+
+
+def not_an_object(fn: Callable[..., Any], arguments: Any) -> str:
+    """The error a call gets whose ``arguments`` are not a JSON object (a string, a list, a number; null means no
+    arguments): the text Python gives ``fn(**arguments)``, which TRL 1.16 calls, so the model reads what TRL's
+    would (it names the tool)."""
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    where = name if module in (None, "builtins") else f"{module}.{name}"
+    return f"{where}() argument after ** must be a mapping, not {type(arguments).__name__}"
 
 
 def _one(box: Toolbox, call: ToolCall, row: int, timeout: float) -> ToolResult:
