@@ -168,13 +168,24 @@ def test_packed_rows_equal_separate_rows(family: Loaded) -> None:
     alone = forward(alone_ids, segment_ids=alone_segments, positions=alone_positions)
     for row, spans in enumerate(docs):
         (_, first_end), (start, end) = spans
-        # the packed path (segment mask) vs the plain causal one, same slots: the same arithmetic
-        np.testing.assert_array_equal(packed[row, :first_end], unpacked[row, :first_end])
+        # the packed path (segment mask) vs the plain causal one, same slots: the same arithmetic in attention,
+        # bit for bit; a Gated DeltaNet layer's segment resets are extra operations in the delta rule's program,
+        # which XLA's CPU emitters may fuse in another order (measured 1.1e-5 of the largest logit): MOVED_TOL
+        if _has_linear_attention(family):
+            assert rel_diff(packed[row, :first_end], unpacked[row, :first_end]) < MOVED_TOL
+        else:
+            np.testing.assert_array_equal(packed[row, :first_end], unpacked[row, :first_end])
         # the second document moved to slot 0: the same values, summed in other slots
         moved = rel_diff(packed[row, start:end], alone[row, :end - start])
         print(f"{family.name} row {row}: second document packed vs alone {moved:.1e}")
         assert moved < MOVED_TOL
     assert rel_diff(packed[0, 23:], unpacked[0, 23:]) > 100 * MOVED_TOL  # the boundary matters
+
+
+def _has_linear_attention(family: Loaded) -> bool:
+    """Whether a layer of the family is a Gated DeltaNet (``linear_attention`` in its ``layer_types``)."""
+    layers = getattr(family.model.config, "layer_types", None) or ()
+    return "linear_attention" in layers
 
 
 def test_future_tokens_do_not_change_earlier_logits(family: Loaded) -> None:
