@@ -148,3 +148,25 @@ def test_overlapped_rollout_decodes_while_a_row_waits_and_equals_the_turn_by_tur
     figures, expected = tool_figures(overlapped), tool_figures(stepwise)
     figures.pop("tools/wait_seconds"), expected.pop("tools/wait_seconds")
     assert figures == expected
+
+
+def test_an_inner_engine_whose_generate_takes_no_rows_is_refused_in_one_line_naming_it():
+    """A custom engine written before ``rows=`` joined the RolloutEngine interface is named when the multi-turn
+    engine is built, not met as Python's TypeError half-way through a rollout."""
+    from scaletrain.errors import ConfigError
+    from scaletrain.rl.agent_engine import MultiTurnEngine
+
+    class OldEngine:
+        sampling = None
+
+        def generate(self, state, prompts, *, num_generations=1, seed=0, step=0):
+            raise AssertionError("never sampled")
+
+    with pytest.raises(ConfigError, match=r"OldEngine.generate takes no rows=.*Sequence\[int\] \| None = None"):
+        MultiTurnEngine(OldEngine(), None, lambda n: [], "hermes")
+
+    class KeywordEngine(OldEngine):
+        def generate(self, state, prompts, **options):
+            raise AssertionError("never sampled")
+
+    MultiTurnEngine(KeywordEngine(), None, lambda n: [], "hermes")  # **options may take rows=

@@ -15,12 +15,14 @@ a rollout as it asks any engine (it gets the usual arrays plus ``tool_mask``). T
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from scaletrain.errors import ConfigError
 from scaletrain.generation.interface import Rollout, RolloutEngine, SamplingParams
 from scaletrain.rl.multi_turn import Episode, Rules, Trajectories, Turns, run_episodes, to_arrays, turn_seed
 from scaletrain.rl.overlap import overlapped_episodes
@@ -45,6 +47,23 @@ def with_budget(engine: RolloutEngine, budget: int) -> RolloutEngine:
     return dataclasses.replace(engine, sampling=dataclasses.replace(engine.sampling, max_completion_length=new))
 
 
+def _check_takes_rows(engine: RolloutEngine) -> None:
+    """Refuse, in one line, an inner engine whose ``generate`` takes no ``rows=``.
+
+    Why here and not at the first turn: a multi-turn rollout keys every row's draws by the row's own id (so a
+    row's turns never depend on which other rows are still going, and a resumed run replays the same episodes);
+    an engine written before ``rows=`` joined the interface would fail mid-rollout with Python's TypeError."""
+    try:
+        params = inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, let it run
+        return
+    if "rows" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    raise ConfigError(f"{type(engine).__name__}.generate takes no rows=: a multi-turn rollout keys each row's draws "
+                      "by the id it passes there; add `rows: Sequence[int] | None = None` (the RolloutEngine "
+                      "interface, scaletrain/generation/interface.py) and key each output row's draws by it")
+
+
 @dataclasses.dataclass
 class MultiTurnEngine:
     """A :class:`~scaletrain.generation.interface.RolloutEngine` whose rows call tools between turns (module docstring).
@@ -66,6 +85,9 @@ class MultiTurnEngine:
     max_turns: int | None = None
     overlap: bool = True
     last_episodes: list[Episode] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_takes_rows(self.inner)
 
     @property
     def sampling(self) -> SamplingParams:
