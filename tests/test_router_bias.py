@@ -162,8 +162,8 @@ def test_router_bias_update_sums_loads_over_micro_batches() -> None:
 def test_router_bias_update_off_by_default_changes_nothing(balancing) -> None:
     """The default rate is 0: the optimizer is the plain one (the bias keeps its zero moments), the step
     reports no bias and no per-layer loads, the bias stays bitwise where the checkpoint put it, and every
-    other parameter after a step is bitwise the one the run with the update got (which moves the bias after
-    the optimizer, on this step's loads, and nothing else)."""
+    other parameter after a step is the one the run with the update got (which moves the bias after the
+    optimizer, on this step's loads, and nothing else), within a rounding's share of the learning rate."""
     assert DeepseekV3Config().router_bias_update_rate == 0.0
     mesh, state, step = _trainer(0.0)
     assert outside_optimizer(state.model.config, None) is None
@@ -175,7 +175,11 @@ def test_router_bias_update_off_by_default_changes_nothing(balancing) -> None:
     off_rest, on_rest = (jax.tree_util.tree_flatten_with_path(p)[0] for p in (new.params, on))
     for (path, a), (_, b) in zip(off_rest, on_rest, strict=True):
         if BIAS not in jax.tree_util.keystr(path):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+            # two programs (with and without the bias update), fused apart by XLA's CPU loop emitters (the
+            # suite's cheap compile): one AdamW step at lr 1e-2 moves an element whose gradient is near eps by a
+            # rounding's share of lr (measured 5.2e-6 at most), so 1e-3 * lr; a leak moves elements by O(lr)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5,
+                                       err_msg=jax.tree_util.keystr(path))
 
 
 def test_router_bias_update_bad_settings_are_one_line() -> None:

@@ -53,6 +53,8 @@ def _check_takes_rows(engine: RolloutEngine) -> None:
     Why here and not at the first turn: a multi-turn rollout keys every row's draws by the row's own id (so a
     row's turns never depend on which other rows are still going, and a resumed run replays the same episodes);
     an engine written before ``rows=`` joined the interface would fail mid-rollout with Python's TypeError."""
+    if engine is None:  # built to be read (its format, its rules), never sampled from
+        return
     try:
         params = inspect.signature(engine.generate).parameters
     except (TypeError, ValueError):  # a builtin or C callable: nothing to read, let it run
