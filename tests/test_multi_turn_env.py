@@ -66,7 +66,7 @@ class Script:
 
 def episodes_of(envs, *, cap=400, max_turns=None, timeout=5.0, tools=()):
     from scaletrain.rl.chat_turns import prompt_ids
-    from scaletrain.rl.multi_turn import run_episodes
+    from scaletrain.rl.multi_turn import Rules, run_episodes
     from scaletrain.rl.tools import Toolbox
 
     tok = chatml_tokenizer()
@@ -76,9 +76,8 @@ def episodes_of(envs, *, cap=400, max_turns=None, timeout=5.0, tools=()):
         text = box.environment.reset() if box.environment is not None else ""
         prompts.append(prompt_ids(tok, [{"role": "user", "content": f"row {r}." + text}], box.tools))
     script = Script(tok, prompts)
-    out = run_episodes(prompts, script.first(prompts), script.sampler(prompts), boxes, tok, fmt="hermes",
-                       max_completion_length=cap, max_tool_calling_iterations=None, tool_timeout=timeout,
-                       max_turns=max_turns)
+    rules = Rules(tok, "hermes", cap, tool_timeout=timeout, max_turns=max_turns)
+    out = run_episodes(prompts, script.first(prompts), script.sampler(prompts), boxes, rules)
     return tok, prompts, out
 
 

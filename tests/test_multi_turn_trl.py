@@ -99,7 +99,7 @@ def trl_trajectories(tok, prompt_ids):
 
 
 def our_trajectories(tok, prompt_ids, fmt):
-    from scaletrain.rl.multi_turn import run_episodes
+    from scaletrain.rl.multi_turn import Rules, run_episodes
     from scaletrain.rl.tools import Toolbox
 
     script = Script(tok)
@@ -109,8 +109,8 @@ def our_trajectories(tok, prompt_ids, fmt):
     def sample(contexts, budget, turn, rows):
         return [script.next(row_of(heads, c)) for c in contexts]
 
-    return run_episodes(prompt_ids, first, sample, [Toolbox(TOOLS) for _ in SCRIPT], tok, fmt=fmt,
-                        max_completion_length=CAP, max_tool_calling_iterations=ITERATIONS, max_model_len=4096)
+    rules = Rules(tok, fmt, CAP, max_tool_calling_iterations=ITERATIONS, max_model_len=4096)
+    return run_episodes(prompt_ids, first, sample, [Toolbox(TOOLS) for _ in SCRIPT], rules)
 
 
 @pytest.fixture(scope="module")

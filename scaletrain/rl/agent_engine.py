@@ -138,11 +138,7 @@ class MultiTurnEngine:
                 return _turns(engine.generate(state, [list(c) for c in contexts], num_generations=1,
                                               seed=turn_seed(seed, turn), step=step, rows=list(keys)))
 
-        return run_episodes(rows, first, sample, boxes, self.tokenizer, fmt=rules.fmt,
-                            max_completion_length=rules.max_completion_length,
-                            max_tool_calling_iterations=rules.max_tool_calling_iterations,
-                            max_model_len=rules.max_model_len, tool_timeout=rules.tool_timeout,
-                            max_turns=rules.max_turns, calls=calls)
+        return run_episodes(rows, first, sample, boxes, rules, calls=calls)
 
     def _session_turns(self, state: Any, prompts: Sequence[Sequence[int]], rows: Sequence[Sequence[int]], g: int,
                        seed: int, step: int) -> tuple[Turns, Callable[..., Turns]]:

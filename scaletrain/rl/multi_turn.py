@@ -221,21 +221,17 @@ def _appended(e: Episode, outcome: Any, tokenizer: Any, max_turns: int | None) -
 
 
 def run_episodes(prompts: Sequence[Sequence[int]], first: Turns, sample: TurnSampler, toolboxes: Sequence[Toolbox],
-                 tokenizer: Any, *, fmt: str, max_completion_length: int, max_tool_calling_iterations: int | None,
-                 max_model_len: int | None = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
-                 max_turns: int | None = None, calls: OwnedCalls | None = None) -> list[Episode]:
+                 rules: Rules, *, calls: OwnedCalls | None = None) -> list[Episode]:
     """Every row's episode, turn by turn (see the module docstring), from its prompt ids, its first sampled turn and
-    its tools (and its multi-turn environment, ``rl/env_steps.py``: ``max_turns`` bounds its ``step`` calls).
-    ``calls``: on several processes, the rows whose calls this process runs; the others' outcomes come from their
-    owners."""
-    rules = Rules(tokenizer, fmt, max_completion_length, max_tool_calling_iterations, max_model_len, tool_timeout,
-                  max_turns)
+    its tools (and its multi-turn environment, ``rl/env_steps.py``), bounded by ``rules`` (the overlapped loop's
+    too). ``calls``: on several processes, the rows whose calls this process runs; the others' outcomes come from
+    their owners."""
     episodes = [rules.first(p, ids, lps, box) for p, (ids, lps), box in zip(prompts, first, toolboxes)]
     pending = {i: w for i, e in enumerate(episodes) if (w := rules.wants(e, toolboxes[i]))}
     turn = 0
     while pending:
         start = time.perf_counter()
-        outcomes = _follow(pending if calls is None else calls.mine(pending), episodes, toolboxes, tool_timeout)
+        outcomes = _follow(pending if calls is None else calls.mine(pending), episodes, toolboxes, rules.tool_timeout)
         if calls is not None:  # every process takes every row's outcome, so all build the same contexts
             outcomes = calls.share(outcomes)
         waited = time.perf_counter() - start
