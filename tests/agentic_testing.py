@@ -77,3 +77,16 @@ def call(name: str, **arguments: Any) -> str:
     import json
 
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def tiny_llama(max_position_embeddings: int = 2048) -> Any:
+    """A one-layer random Llama over the tokenizer's vocabulary (eos 256, pad 257) on one device: what the agentic
+    tests sample turns from."""
+    from preference_testing import one_device_mesh
+    from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_position_embeddings, eos_token_id=256, pad_token_id=257,
+                         bos_token_id=None)
+    return create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=one_device_mesh())[0]

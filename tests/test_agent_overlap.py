@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import pytest
 
-from agentic_testing import VOCAB, chatml_tokenizer
+from agentic_testing import chatml_tokenizer, tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -52,13 +52,7 @@ class Talk:
 
 @pytest.fixture(scope="module")
 def model():
-    from preference_testing import one_device_mesh
-    from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=256, pad_token_id=257, bos_token_id=None)
-    return create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=one_device_mesh())[0]
+    return tiny_llama(max_position_embeddings=512)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from agentic_testing import VOCAB, call, chatml_tokenizer, divide, multiply
+from agentic_testing import call, chatml_tokenizer, divide, multiply, tiny_llama
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -78,16 +78,6 @@ def tool_reward(prompts, completions, **columns):
     return [float(any(m["role"] == "tool" and "error" not in m["content"] for m in c)) for c in completions]
 
 
-def _tiny():
-    from preference_testing import one_device_mesh
-    from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
-
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         eos_token_id=256, pad_token_id=257, bos_token_id=None)
-    return create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=one_device_mesh())[0]
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     import scaletrain as st
@@ -103,7 +93,7 @@ def run(tmp_path_factory):
     sampling = SamplingParams(max_completion_length=320, temperature=1.0, stop_token_ids=(256,), pad_token_id=257)
     engine = MultiTurnEngine(ScriptedTurns(sampling, tok), tok, lambda n: [], "tokenizer",
                              max_tool_calling_iterations=2, tool_timeout=1.0)
-    trainer = GRPOTrainer(arguments=args, model=_tiny(), tokenizer=tok, reward_funcs=[tool_reward],
+    trainer = GRPOTrainer(arguments=args, model=tiny_llama(), tokenizer=tok, reward_funcs=[tool_reward],
                           options={"num_generations": 4, "max_completion_length": 320, "log_completions_steps": 1},
                           tools=[multiply, divide, slow], dataset_train=[
                               {"prompt": [{"role": "user", "content": q}]} for q in ("what is 3*4", "1/0?")],
@@ -162,7 +152,7 @@ def test_multi_turn_first_turn_is_the_engines_single_turn_rollout():
     from scaletrain.rl.tools import Toolbox
 
     tok = chatml_tokenizer()
-    model = _tiny()
+    model = tiny_llama()
     inner = StaticBatchEngine(SamplingParams(max_completion_length=8, temperature=1.0, stop_token_ids=(256,),
                                              pad_token_id=257))
     prompts = [tok.encode("hello there", add_special_tokens=False), tok.encode("hi", add_special_tokens=False)]
