@@ -28,11 +28,12 @@ class Ahead:
         args = jax.tree.map(_abstract, args)
         mesh = jax.sharding.get_mesh()
         self._error: BaseException | None = None
+        lowered = program.lower(*args, **kwargs)  # tracing holds the GIL: done here, before the caller's own
 
         def work() -> None:
             try:
                 with contextlib.nullcontext() if mesh.empty else jax.set_mesh(mesh):
-                    program.lower(*args, **kwargs).compile()
+                    lowered.compile()
             except BaseException as e:  # noqa: BLE001  (raised again in the caller's thread by wait())
                 self._error = e
 

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scaletrain.compile_cache import ProgramCache, model_key
-from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, bucket, left_pad, round_up_pow2
+from scaletrain.generation.buckets import bucket, left_pad, prompt_bucket, round_up_pow2
 from scaletrain.generation.engine import Rollout, SamplingParams, _mesh_of, split_source
 from scaletrain.generation.page_pool import pool_pages
 from scaletrain.generation.paged_programs import PagedPrograms, Sampler
@@ -139,7 +139,7 @@ class ContinuousBatchEngine:
                   seed: int, step: int) -> Schedule:
         sampling = self.sampling
         new = int(sampling.max_completion_length)
-        width = round_up_pow2(longest, max(MIN_PROMPT_BUCKET, self.page_size))
+        width = prompt_bucket(longest, self.page_size, self.prefill_chunk)
         max_pages = -(-(width + new) // self.page_size)
         flags = dict(new=new, greedy=sampling.greedy, page_size=self.page_size,
                      top_k=None if sampling.greedy or sampling.top_k is None else int(sampling.top_k),

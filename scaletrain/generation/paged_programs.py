@@ -140,6 +140,23 @@ def _fill_pages(pool: PagedKVCache, prefill: KVCache, ids: Array, page_index: Ar
     return PagedKVCache(copy(pool.keys, prefill.keys), copy(pool.values, prefill.values))
 
 
+#: XLA's LLVM optimisation level (``xla_backend_optimization_level``) of each program on the CPU, where XLA's
+#: default (3) costs compile time and buys no speed. Why: a first call compiles every program before its first
+#: token, and on the CPU each program's machine code generation is most of its compile. The programs that run
+#: once per prompt or less and move a few pages (init, insert, preempt, the chunk cache) compile at 0; the model
+#: programs at 1: their time is in the matrix products, which XLA calls into a library for, so the level of the
+#: code around them does not show in a call's time (docs/benchmarks.md "Rollouts", first call).
+CPU_OPT_LEVEL = {"init": 0, "prefill": 1, "prefill_cache": 0, "prefill_chunk": 1, "insert": 0, "decode": 1,
+                 "preempt": 0}
+
+
+def _compiler_options(program: str) -> dict[str, Any] | None:
+    """The XLA options ``program`` compiles with: :data:`CPU_OPT_LEVEL` on the CPU, XLA's defaults elsewhere."""
+    if jax.default_backend() != "cpu":
+        return None
+    return {"xla_backend_optimization_level": CPU_OPT_LEVEL[program]}
+
+
 class PagedPrograms:
     """The three jitted programs of one model graph, and how often each was traced (compiled)."""
 
@@ -147,16 +164,17 @@ class PagedPrograms:
         self.graphdef = graphdef
         self.traces = {"init": 0, "prefill": 0, "prefill_cache": 0, "prefill_chunk": 0, "insert": 0, "decode": 0,
                        "preempt": 0}
-        self.init = jax.jit(self._init, static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows",
-                                                         "new"))
-        self.prefill = jax.jit(self._prefill)
-        self.prefill_cache = jax.jit(self._prefill_cache, static_argnames=("width",))
-        self.prefill_chunk = jax.jit(self._prefill_chunk, donate_argnames=("cache",))
-        self.insert = jax.jit(self._insert, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size"),
-                              donate_argnames=("state",))
-        self.decode = jax.jit(self._decode, static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size",
-                                                             "decode_steps"), donate_argnames=("state",))
-        self.preempt = jax.jit(self._preempt, static_argnames=("page_size",), donate_argnames=("state",))
+        jit = lambda name, **kw: jax.jit(getattr(self, "_" + name), compiler_options=_compiler_options(name),  # noqa: E731
+                                         **kw)
+        self.init = jit("init", static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows", "new"))
+        self.prefill = jit("prefill")
+        self.prefill_cache = jit("prefill_cache", static_argnames=("width",))
+        self.prefill_chunk = jit("prefill_chunk", donate_argnames=("cache",))
+        self.insert = jit("insert", static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size"),
+                          donate_argnames=("state",))
+        self.decode = jit("decode", static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size",
+                                                     "decode_steps"), donate_argnames=("state",))
+        self.preempt = jit("preempt", static_argnames=("page_size",), donate_argnames=("state",))
 
     def _model(self, params: Any, frozen: Any) -> nnx.Module:
         return join_trainable(self.graphdef, params, frozen)

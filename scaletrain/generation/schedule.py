@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scaletrain.generation.ahead import Ahead
-from scaletrain.generation.buckets import MIN_PROMPT_BUCKET, left_pad, round_up_pow2
+from scaletrain.generation.buckets import left_pad, prompt_bucket
 from scaletrain.generation.paged_programs import EngineState, PagedPrograms, Sampler
 
 
@@ -76,6 +76,7 @@ class Schedule:
         # decode compiles on a thread while the first prompts are prefilled and inserted (a no-op once compiled)
         self._ahead: Ahead | None = Ahead(programs.decode, params, frozen, self.es, self.sampler, jnp.asarray(True),
                                           **flags, decode_steps=decode_steps)
+        self._insert_ahead: Ahead | None = None  # the insert program's compile, started by the first prefill
         self.prompts: list[list[int]] = []
         self.prompt_of: dict[int, int] = {}  # request row -> the prompt it samples now
         self.waiting: deque[_Entry] = deque()
@@ -108,7 +109,7 @@ class Schedule:
 
     def advance(self) -> list[int]:
         """One round (module docstring); the request rows that finished in it."""
-        stats, g = self.stats, self.group
+        stats = self.stats
         if not self._keyed:
             self.sampler = self.sampler._replace(row_seeds=jnp.asarray(self.row_seeds),
                                                  row_ids=jnp.asarray(self.row_ids),
@@ -119,38 +120,7 @@ class Schedule:
             self._prefill_chunk(head)  # one chunk per round
             stats["prefill_chunks"] += 1
             stats["prefills"] += head.prefill is not None
-        while self.waiting and self.free:
-            entry = self.waiting[0]
-            n = len(self.prompts[entry.prompt])
-            whole, partial = divmod(n, self.page_size)
-            first = not entry.placed
-            take = min(len(entry.rows) - entry.placed, len(self.free))
-            reserve = self.live  # a page for each live slot's next page boundary, so insertion does not starve them
-            while take and (whole * first + take * (partial > 0)) > self.free_pages - reserve:
-                take -= 1
-            if not take:
-                break
-            if entry.prefill is None:
-                if self._bucket(entry.prompt) > self.prefill_chunk:
-                    break  # a long prompt still being prefilled, chunk by chunk
-                p_ids, p_mask = left_pad([self.prompts[entry.prompt]], self.pad_id, self._bucket(entry.prompt))
-                entry.prefill = self.programs.prefill(self.params, self.frozen, p_ids, p_mask)
-                stats["prefills"] += 1
-            if entry.held is None:
-                entry.held = jnp.zeros((self._bucket(entry.prompt) // self.page_size,), jnp.int32)
-            slots = np.full((g,), self.slots, np.int32)
-            slots[:take] = self.free[:take]
-            row_ids = np.full((g,), self.rows, np.int32)
-            row_ids[:take] = entry.rows[entry.placed:entry.placed + take]
-            self.es, entry.held = self.programs.insert(
-                self.es, entry.prefill, jnp.int32(n), slots, row_ids, jnp.asarray(first), jnp.int32(len(entry.rows)),
-                entry.held, self.sampler, **self.flags)
-            self.in_slot.update(zip(self.free[:take], entry.rows[entry.placed:entry.placed + take]))
-            self.free, self.live = self.free[take:], self.live + take
-            self.free_pages -= whole * first + take * (partial > 0)
-            entry.placed += take
-            if entry.placed == len(entry.rows):
-                self.waiting.popleft()
+        self._place(self._plan())
         if self._ahead is not None:
             self._ahead.wait()
             self._ahead = None
@@ -177,6 +147,67 @@ class Schedule:
         self.live = int(active.sum())
         return sorted(finished)
 
+    def _plan(self) -> list[tuple[_Entry, int]]:
+        """The queued requests that go into free slots this round, in queue order, and how many of each one's rows:
+        while slots are free and their pages fit, keeping a page for each live slot's next page boundary so insertion
+        does not starve them; it stops at a long prompt still being prefilled chunk by chunk."""
+        plan: list[tuple[_Entry, int]] = []
+        free, free_pages, live = len(self.free), self.free_pages, self.live
+        for entry in self.waiting:
+            if not free:
+                break
+            n = len(self.prompts[entry.prompt])
+            whole, partial = divmod(n, self.page_size)
+            first = not entry.placed
+            left = len(entry.rows) - entry.placed
+            take = min(left, free)
+            while take and (whole * first + take * (partial > 0)) > free_pages - live:
+                take -= 1
+            if not take or (entry.prefill is None and self._bucket(entry.prompt) > self.prefill_chunk):
+                break
+            plan.append((entry, take))
+            free, live, free_pages = free - take, live + take, free_pages - (whole * first + take * (partial > 0))
+            if take < left:
+                break
+        return plan
+
+    def _place(self, plan: list[tuple[_Entry, int]]) -> None:
+        """Prefill the planned requests that are not yet (each prompt once, whatever its G), then insert their rows.
+
+        Why every prefill before the first insert: on a run's first round the insert program compiles on a thread
+        (:class:`~scaletrain.generation.ahead.Ahead`, from the first prefill's shapes) while the other prompts are
+        prefilled, rather than between them."""
+        for entry, _ in plan:
+            if entry.prefill is None:
+                p_ids, p_mask = left_pad([self.prompts[entry.prompt]], self.pad_id, self._bucket(entry.prompt))
+                entry.prefill = self.programs.prefill(self.params, self.frozen, p_ids, p_mask)
+                self.stats["prefills"] += 1
+            if entry.held is None:
+                entry.held = jnp.zeros((self._bucket(entry.prompt) // self.page_size,), jnp.int32)
+            if self._insert_ahead is None:  # the first insert's shapes are known now: compile it beside the prefills
+                self._insert_ahead = Ahead(self.programs.insert, *self._insert_args(entry, 1),
+                                           **self.flags)
+        for entry, take in plan:
+            self._insert_ahead.wait()
+            self.es, entry.held = self.programs.insert(*self._insert_args(entry, take), **self.flags)
+            self.in_slot.update(zip(self.free[:take], entry.rows[entry.placed:entry.placed + take]))
+            self.free, self.live = self.free[take:], self.live + take
+            n = len(self.prompts[entry.prompt])
+            self.free_pages -= n // self.page_size * (not entry.placed) + take * (n % self.page_size > 0)
+            entry.placed += take
+            if entry.placed == len(entry.rows):
+                self.waiting.popleft()
+
+    def _insert_args(self, entry: _Entry, take: int) -> tuple[Any, ...]:
+        """The insert program's operands placing ``take`` more of ``entry``'s rows into the first free slots."""
+        g = self.group
+        slots = np.full((g,), self.slots, np.int32)
+        slots[:take] = self.free[:take]
+        row_ids = np.full((g,), self.rows, np.int32)
+        row_ids[:take] = entry.rows[entry.placed:entry.placed + take]
+        return (self.es, entry.prefill, jnp.int32(len(self.prompts[entry.prompt])), slots, row_ids,
+                jnp.asarray(not entry.placed), jnp.int32(len(entry.rows)), entry.held, self.sampler)
+
     def finish(self) -> dict[str, int]:
         """The run's ``stats`` with its pages (peak, still held, the pool's); RuntimeError if the pool ran out
         inside a step (an engine bug)."""
@@ -196,14 +227,14 @@ class Schedule:
 
     def _bucket(self, prompt: int) -> int:
         """The width prompt ``prompt`` is left-padded to for its prefill: one width for every prompt of a run, its
-        longest prompt's bucket (a power of two, at least 16 and one page), capped at ``prefill_chunk`` for a prompt
+        longest prompt's bucket (:func:`~scaletrain.generation.buckets.prompt_bucket`), capped at ``prefill_chunk`` for a prompt
         that fits in one chunk; a longer one is prefilled in chunks at that width. A prompt longer than the run's
         longest (a multi-turn row's next turn) takes its own bucket.
 
         Why one width per run and not each prompt's own bucket: the prefill and insert programs compile once per
         width (each ~1-3 CPU-s for SmolLM2-135M). The padding is masked out of attention and positions, so a row's
         tokens do not change; its log-probs may in the last bits."""
-        own = round_up_pow2(len(self.prompts[prompt]), max(MIN_PROMPT_BUCKET, self.page_size))
+        own = prompt_bucket(len(self.prompts[prompt]), self.page_size, self.prefill_chunk)
         if own > self.longest:
             return own
         return self.longest if own > self.prefill_chunk else min(self.longest, self.prefill_chunk)
