@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -56,6 +57,15 @@ _PROGRAMS: ProgramCache[PagedPrograms] = ProgramCache(8)
 def programs_for(graphdef: Any, params: Any, frozen: Any = None) -> PagedPrograms:
     """The compiled programs of ``graphdef``'s model, shared by every graph equal to it (:func:`model_key`)."""
     return _PROGRAMS.get(model_key(join_trainable(graphdef, params, frozen)), lambda: PagedPrograms(graphdef))
+
+
+@functools.partial(jax.jit, static_argnames=("rows",))
+def _outputs(out_ids: jax.Array, out_mask: jax.Array, out_lp: jax.Array, stopped: jax.Array, *,
+             rows: int) -> tuple[jax.Array, ...]:
+    """The first ``rows`` request rows' completion ids, mask, log-probs, lengths, whether each was cut at the cap, and
+    the longest length: one program rather than seven eager ops (each compiled on a first call)."""
+    lengths = jnp.sum(out_mask[:rows], axis=1)
+    return out_ids[:rows], out_mask[:rows], out_lp[:rows], lengths, ~stopped[:rows], jnp.max(lengths)
 
 
 @dataclasses.dataclass
@@ -114,10 +124,9 @@ class ContinuousBatchEngine:
                 run.submit(prompt, range(i * g, i * g + g))
             while run.busy:
                 run.advance()
-        es, n = run.es, layout.rows
-        lengths = jnp.sum(es.out_mask[:n], axis=1)
-        return Rollout(jnp.asarray(layout.input_ids[:n]), jnp.asarray(layout.attention_mask[:n]), es.out_ids[:n],
-                       es.out_mask[:n], es.out_lp[:n], lengths, ~es.stopped[:n], jnp.max(lengths))
+        n = layout.rows
+        return Rollout(jnp.asarray(layout.input_ids[:n]), jnp.asarray(layout.attention_mask[:n]),
+                       *_outputs(run.es.out_ids, run.es.out_mask, run.es.out_lp, run.es.stopped, rows=n))
 
     @contextlib.contextmanager
     def session(self, state: Any, *, rows: int, longest: int, group: int = 1, seed: int = 0,
@@ -141,6 +150,9 @@ class ContinuousBatchEngine:
         new = int(sampling.max_completion_length)
         width = prompt_bucket(longest, self.page_size, self.prefill_chunk)
         max_pages = -(-(width + new) // self.page_size)
+        # the pool's budget follows the power-of-two bucket, as before the 3/4 widths: a narrower prefill must not
+        # shrink it (a fixed-length call needs ~0.9x the worst case; a pool cut to 0.75x of a 3/4 width preempts)
+        budget = -(-(round_up_pow2(width) + new) // self.page_size)
         flags = dict(new=new, greedy=sampling.greedy, page_size=self.page_size,
                      top_k=None if sampling.greedy or sampling.top_k is None else int(sampling.top_k),
                      use_top_p=not sampling.greedy and sampling.top_p is not None)
@@ -152,6 +164,6 @@ class ContinuousBatchEngine:
                           jnp.int32(sampling.pad_token_id))
         return Schedule(programs, params, frozen, sampler, slots=self.slots, page_size=self.page_size,
                         decode_steps=self.decode_steps, prefill_chunk=self.prefill_chunk,
-                        num_pages=pool_pages(self.slots, max_pages, self.cache_pages, self.cache_fraction),
+                        num_pages=pool_pages(self.slots, budget, self.cache_pages, self.cache_fraction),
                         max_pages=max_pages, rows=round_up_pow2(rows), new=new, group=group, width=width,
                         pad_id=int(sampling.pad_token_id), flags=flags)
