@@ -3,7 +3,9 @@
 Why: the continuous engine's first call compiles its decode program (the largest: ~4 CPU-s for
 SmolLM2-135M on a CPU) only after every first prompt was prefilled and inserted, so the compile
 waited for them and they for it. XLA compiles without holding Python's GIL, so the decode
-program can compile on a second core while the host prefills. ``jax.jit``'s own cache keeps the
+program can compile on a second core while the host prefills. The program is traced and lowered on the
+caller's thread first: tracing is Python and holds the GIL, so a trace on the thread would only slow the
+caller's own (the prefill's) while neither got a core to itself. ``jax.jit``'s own cache keeps the
 result: the later ordinary call with arguments of the same shapes, dtypes and shardings finds the
 executable and compiles nothing (``test_prompts_of_three_buckets_compile_one_prefill_one_insert_and_decode_once``).
 """
@@ -19,10 +21,10 @@ import jax
 
 
 class Ahead:
-    """``program.lower(*args, **kwargs).compile()`` running on a daemon thread; :meth:`wait` joins it and
+    """``program.lower(*args, **kwargs)`` here, then its ``.compile()`` on a daemon thread; :meth:`wait` joins it and
     raises what it raised. Arrays are passed as their shapes, dtypes and shardings only, so the caller may
     donate or delete them meanwhile. The current mesh (``jax.set_mesh``) and context variables (the model's
-    placement) are the thread's too, so it traces what the caller's own call will."""
+    placement) are the thread's too, so it compiles what the caller's own call will run."""
 
     def __init__(self, program: Any, *args: Any, **kwargs: Any):
         args = jax.tree.map(_abstract, args)

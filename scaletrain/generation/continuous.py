@@ -22,8 +22,8 @@ waiting row, so the slots stay full until the work runs out. How a request flows
 What is compiled: ``init`` and ``decode`` once per (slots, pages, rows bucket,
 ``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per call width,
 ``prefill_cache`` and ``prefill_chunk`` once per width longer than a chunk, ``preempt`` once. The
-decode program compiles on a thread (:class:`~scaletrain.generation.ahead.Ahead`) while the first
-prompts are prefilled, so a first call waits for the longer of the two, not their sum.
+decode and insert programs compile on threads (:class:`~scaletrain.generation.ahead.Ahead`) while the first
+prompts are prefilled, so a first call waits for the longest of them, not their sum.
 
 The host loop of steps 1-5 is :class:`~scaletrain.generation.schedule.Schedule`; ``generate`` queues every
 prompt and runs it to the end, and :meth:`ContinuousBatchEngine.session` keeps one open while a caller feeds it
@@ -76,7 +76,7 @@ class ContinuousBatchEngine:
     ``decode_steps``: the most decode steps one program runs before the host looks again (it
     returns earlier when a slot frees up while rows wait). ``share_prefix`` False prefills every
     sample on its own (what the shared prefill is measured against). The page pool holds
-    ``cache_pages`` pages, or ``cache_fraction`` of every slot at its longest
+    ``cache_pages`` pages, or ``cache_fraction`` of every slot at its longest (counted at the power-of-two width)
     (:func:`~scaletrain.generation.page_pool.pool_pages`); when it runs short the youngest row is
     preempted and sampled again later, to the same tokens. A prompt whose bucket is longer than
     ``prefill_chunk`` tokens is prefilled in chunks of that many, one chunk between two decode calls, so
