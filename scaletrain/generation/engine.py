@@ -36,6 +36,7 @@ from scaletrain.generation.buckets import PaddedBatch, as_rows, bucket
 from scaletrain.generation.sampling import inverse_temperature, pick_tokens, row_keys, sampling_problem
 from scaletrain.models.common.decoder import constrain
 from scaletrain.models.kernels.attention import KVCache
+from scaletrain.models.kernels.cpu_dots import traced_forward_only
 from scaletrain.parallel.partition import active_axis_size
 from scaletrain.peft.lora import join_trainable
 
@@ -111,7 +112,8 @@ class StaticBatchProgram:
         self.graphdef = graphdef
         self.batch_axis = batch_axis
         self.traces = 0
-        self._program = jax.jit(self._program_body, static_argnames=("new", "greedy", "top_k", "use_top_p"))
+        self._program = jax.jit(traced_forward_only(self._program_body),
+                                static_argnames=("new", "greedy", "top_k", "use_top_p"))
 
     def run(self, params: Any, frozen: Any, batch: PaddedBatch, sampling: SamplingParams, seed: int | Array,
             step: int | Array, rows: Sequence[int] | None = None) -> Rollout:

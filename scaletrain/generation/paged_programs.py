@@ -40,6 +40,7 @@ from scaletrain.generation.page_pool import give_back, take_pages
 from scaletrain.generation.sampling import pick_tokens, row_keys
 from scaletrain.models.common.decoder import constrain
 from scaletrain.models.kernels.attention import KVCache
+from scaletrain.models.kernels.cpu_dots import traced_forward_only
 from scaletrain.models.kernels.paged_attention import PagedKVCache, PageTable
 from scaletrain.peft.lora import join_trainable
 
@@ -164,8 +165,8 @@ class PagedPrograms:
         self.graphdef = graphdef
         self.traces = {"init": 0, "prefill": 0, "prefill_cache": 0, "prefill_chunk": 0, "insert": 0, "decode": 0,
                        "preempt": 0}
-        jit = lambda name, **kw: jax.jit(getattr(self, "_" + name), compiler_options=_compiler_options(name),  # noqa: E731
-                                         **kw)
+        jit = lambda name, **kw: jax.jit(traced_forward_only(getattr(self, "_" + name)),  # noqa: E731
+                                         compiler_options=_compiler_options(name), **kw)
         self.init = jit("init", static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows", "new"))
         self.prefill = jit("prefill")
         self.prefill_cache = jit("prefill_cache", static_argnames=("width",))

@@ -20,6 +20,7 @@ blanked by the insert. One round (:meth:`Schedule.advance`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletrain.generation.ahead import Ahead
+from scaletrain.generation.ahead import Ahead, paused_gc
 from scaletrain.generation.buckets import left_pad, prompt_bucket
 from scaletrain.generation.paged_programs import EngineState, PagedPrograms, Sampler
 
@@ -120,7 +121,8 @@ class Schedule:
             self._prefill_chunk(head)  # one chunk per round
             stats["prefill_chunks"] += 1
             stats["prefills"] += head.prefill is not None
-        self._place(self._plan())
+        with paused_gc() if self._ahead is not None else contextlib.nullcontext():  # a first round traces its programs
+            self._place(self._plan())
         if self._ahead is not None:
             self._ahead.wait()
             self._ahead = None
