@@ -303,11 +303,16 @@ def test_long_prompt_prefills_in_chunks_between_decodes_with_one_compile_per_buc
     assert chunked.stats["pages_in_use"] == 0
 
 def test_prompts_of_three_buckets_compile_one_prefill_one_insert_and_decode_once(llama, monkeypatch) -> None:
-    """Prompts of 5, 20 and 40 tokens (buckets 16, 32 and 64) are all prefilled at the call's width, 64: from an
-    empty program cache the call compiles init, one prefill, one insert and one decode (compiled on its thread
-    beside the prefills, and found there by the engine's call), not a prefill and an insert per bucket. The
-    5-token prompt's rows equal its rows run alone (prefilled at its own bucket, 16): the padding is masked
-    out, so the sampled tokens are equal and the log-probs within LP_TOL."""
+    """Prompts of 5, 20 and 40 tokens (buckets 16, 24 and 48 with 4-token pages) are all prefilled at the call's width, 48: from an
+    empty program cache the call compiles init, one prefill, one insert and one decode (each of the last two
+    compiled on a thread beside the prefills, and found there by the engine's call), not a prefill and an insert
+    per bucket. The 5-token prompt's rows equal its rows run alone (prefilled at its own bucket, 16): the padding
+    is masked out, so the sampled tokens are equal and the log-probs within LP_TOL."""
+    from scaletrain.generation.buckets import prompt_bucket
+
+    assert [prompt_bucket(n, 4, 256) for n in (5, 20, 40, 48, 49, 100, 200, 300)] == [16, 24, 48, 48, 64, 128, 256,
+                                                                                    512]
+    assert [prompt_bucket(n, 16, 256) for n in (40, 90, 190)] == [48, 96, 192]  # 3/4 steps only in whole pages
     from flax import nnx
 
     import scaletrain.compile_cache as compile_cache

@@ -97,3 +97,22 @@ def test_remat_dot_policies_still_save_matmuls(tiny_config_kwargs, policy, extra
         return f.lower(params).as_text().count("stablehlo.dot_general")
 
     assert count_dots(policy) == count_dots("none") + extra
+
+
+def test_forward_only_traces_the_plain_dot_with_the_same_bits_and_ends_with_its_block():
+    """Inside ``forward_only`` (the rollout engines' programs) matmul is traced without its custom VJP, to the same
+    ``dot_general`` and so the same bits; outside it, and after it, the custom VJP is back (a gradient still works)."""
+    from scaletrain.models.kernels.cpu_dots import forward_only, matmul, traced_forward_only
+
+    a = jax.random.normal(jax.random.key(1), (4, 16))
+    w = jax.random.normal(jax.random.key(2), (16, 8))
+    def f(a, w):
+        return matmul(a, w)
+
+    with forward_only():  # a function of its own per trace: JAX caches a trace by function, not by context
+        plain = jax.make_jaxpr(lambda a, w: f(a, w))(a, w)
+    custom = jax.make_jaxpr(lambda a, w: f(a, w))(a, w)
+    assert "custom_vjp_call" not in str(plain) and "custom_vjp_call" in str(custom)
+    np.testing.assert_array_equal(jax.jit(traced_forward_only(f))(a, w), jax.jit(f)(a, w))
+    grad = jax.grad(lambda w: jnp.sum(matmul(a, w) ** 2))(w)
+    np.testing.assert_allclose(grad, 2 * a.T @ (a @ w), rtol=1e-5, atol=1e-5)

@@ -116,7 +116,10 @@ def forward_only() -> Iterator[None]:
 
 
 def traced_forward_only(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` traced under :func:`forward_only` (wrap a function before ``jax.jit``)."""
+    """``fn`` traced under :func:`forward_only` (wrap a function before ``jax.jit``).
+
+    JAX caches a trace by function, not by context, so wrap only a function that nothing differentiates
+    anywhere (a rollout program), never one a training step also traces."""
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         with forward_only():
