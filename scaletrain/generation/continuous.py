@@ -21,9 +21,10 @@ waiting row, so the slots stay full until the work runs out. How a request flows
 
 What is compiled: ``init`` and ``decode`` once per (slots, pages, rows bucket,
 ``max_completion_length``, sampling flags), ``prefill`` and ``insert`` once per call width,
-``prefill_cache`` and ``prefill_chunk`` once per width longer than a chunk, ``preempt`` once. The
-decode and insert programs compile on threads (:class:`~scaletrain.generation.ahead.Ahead`) while the first
-prompts are prefilled, so a first call waits for the longest of them, not their sum.
+``prefill_cache`` and ``prefill_chunk`` once per width longer than a chunk, ``preempt`` once; for multi-turn rows
+that keep their pages (``keep_pages``), ``gather`` and a chunk-sized ``prefill_chunk`` once per width and
+``release`` once. The decode and insert programs compile on threads (:class:`~scaletrain.generation.ahead.Ahead`)
+while the first prompts are prefilled, so a first call waits for the longest of them, not their sum.
 
 The host loop of steps 1-5 is :class:`~scaletrain.generation.schedule.Schedule`; ``generate`` queues every
 prompt and runs it to the end, and :meth:`ContinuousBatchEngine.session` keeps one open while a caller feeds it
@@ -84,6 +85,13 @@ class ContinuousBatchEngine:
     ``prefill_chunks`` (chunks of long prompts), ``decode_calls``, ``decodes_between_chunks`` (decode calls
     run while a long prompt was part-way prefilled), ``preemptions``, ``peak_pages`` and
     ``pages_in_use`` (held after the call: 0 when every page came back), ``num_pages``.
+
+    ``keep_pages``: a request submitted with ``keep`` (a multi-turn row that will continue: ``rl/overlap.py``)
+    keeps its pages when it stops, and its next turn prefills only its new tokens over them
+    (:mod:`~scaletrain.generation.kept_pages`); False prefills every turn from scratch. Families with per-slot
+    fixed-size layer state (Gated DeltaNet hybrids) never keep pages. ``stats``: ``prefills_resumed`` (turns
+    prefilled over kept pages), ``kept_prefix_tokens`` (context tokens those did not recompute), ``kept_dropped``
+    (rows whose kept pages went back to a short pool: prefilled whole instead).
     """
 
     sampling: SamplingParams
@@ -94,6 +102,7 @@ class ContinuousBatchEngine:
     cache_pages: int | None = None
     cache_fraction: float = 0.75
     prefill_chunk: int = 256
+    keep_pages: bool = True
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -166,4 +175,4 @@ class ContinuousBatchEngine:
                         decode_steps=self.decode_steps, prefill_chunk=self.prefill_chunk,
                         num_pages=pool_pages(self.slots, budget, self.cache_pages, self.cache_fraction),
                         max_pages=max_pages, rows=round_up_pow2(rows), new=new, group=group, width=width,
-                        pad_id=int(sampling.pad_token_id), flags=flags)
+                        pad_id=int(sampling.pad_token_id), flags=flags, keep_pages=self.keep_pages)

@@ -18,7 +18,11 @@ to decode); the host then prefills the next prompts and inserts them into the fr
   from the prefill logits here.
 - **decode**: one token per live slot per step, over the pages (``CausalLM.forward_paged``);
   a slot that crosses a page boundary takes a free page on the device
-  (:mod:`~scaletrain.generation.page_pool`), a slot that stops gives its pages back.
+  (:mod:`~scaletrain.generation.page_pool`), a slot that stops gives its pages back, unless its row keeps them for
+  its next turn (``Sampler.row_keep``).
+- **gather** and **release** (multi-turn rows' kept pages, :mod:`~scaletrain.generation.kept_pages`): a row's next
+  turn copies its kept pages into the contiguous prefill cache, and the chunked prefill writes only its new tokens
+  over them; release gives a row's kept pages back.
 
 Every random draw is keyed by the row's request index (or the id the request gives it, with its own
 seed: :class:`Sampler`) and the token's position in the
@@ -36,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scaletrain.generation.kept_pages import gather_prefix
 from scaletrain.generation.page_pool import give_back, take_pages
 from scaletrain.generation.sampling import pick_tokens, row_keys
 from scaletrain.models.common.decoder import constrain
@@ -88,6 +93,7 @@ class Sampler(NamedTuple):
     Per request row [R], each optional: ``row_seeds`` the seed its draws use (default ``seed``), ``row_ids`` the id
     they are keyed by (default the row's index), ``row_limits`` the most tokens it samples (default ``new``). A
     multi-turn rollout sets them per turn: a row's turn is keyed by (its turn's seed, the row), capped at its room.
+    ``row_keep``: the rows that keep their pages when they stop, for their next turn (:mod:`kept_pages`).
     """
 
     seed: Array
@@ -100,6 +106,7 @@ class Sampler(NamedTuple):
     row_seeds: Array | None = None
     row_ids: Array | None = None
     row_limits: Array | None = None
+    row_keep: Array | None = None
 
     def keys(self, rows: Array) -> Array:
         """The draw keys of request ``rows`` (out-of-range ids, an idle slot's, read a clamped entry, unused)."""
@@ -109,6 +116,10 @@ class Sampler(NamedTuple):
     def limit(self, rows: Array, new: int) -> Array | int:
         """How many tokens request ``rows`` may sample: ``new``, or less where ``row_limits`` says."""
         return new if self.row_limits is None else jnp.minimum(self.row_limits[rows], new)
+
+    def keeps(self, rows: Array) -> Array:
+        """Whether request ``rows`` keep their pages when they stop (``row_keep``: their row will continue)."""
+        return jnp.zeros(rows.shape, bool) if self.row_keep is None else self.row_keep[rows]
 
 
 def _layer_pairs(paged: Any, contiguous: Any) -> list[tuple[Any, Any]]:
@@ -148,7 +159,7 @@ def _fill_pages(pool: PagedKVCache, prefill: KVCache, ids: Array, page_index: Ar
 #: programs at 1: their time is in the matrix products, which XLA calls into a library for, so the level of the
 #: code around them does not show in a call's time (docs/benchmarks.md "Rollouts", first call).
 CPU_OPT_LEVEL = {"init": 0, "prefill": 1, "prefill_cache": 0, "prefill_chunk": 1, "insert": 0, "decode": 1,
-                 "preempt": 0}
+                 "preempt": 0, "gather": 0, "release": 0}
 
 
 def _compiler_options(program: str) -> dict[str, Any] | None:
@@ -164,7 +175,7 @@ class PagedPrograms:
     def __init__(self, graphdef: Any):
         self.graphdef = graphdef
         self.traces = {"init": 0, "prefill": 0, "prefill_cache": 0, "prefill_chunk": 0, "insert": 0, "decode": 0,
-                       "preempt": 0}
+                       "preempt": 0, "gather": 0, "release": 0}
         jit = lambda name, **kw: jax.jit(traced_forward_only(getattr(self, "_" + name)),  # noqa: E731
                                          compiler_options=_compiler_options(name), **kw)
         self.init = jit("init", static_argnames=("slots", "num_pages", "page_size", "max_pages", "rows", "new"))
@@ -176,6 +187,8 @@ class PagedPrograms:
         self.decode = jit("decode", static_argnames=("new", "greedy", "top_k", "use_top_p", "page_size",
                                                      "decode_steps"), donate_argnames=("state",))
         self.preempt = jit("preempt", static_argnames=("page_size",), donate_argnames=("state",))
+        self.gather = jit("gather", static_argnames=("width",))
+        self.release = jit("release", donate_argnames=("state",))
 
     def _model(self, params: Any, frozen: Any) -> nnx.Module:
         return join_trainable(self.graphdef, params, frozen)
@@ -239,6 +252,24 @@ class PagedPrograms:
         hidden, cache = model.forward_with_cache(input_ids, positions, cache, start, mask.astype(bool))
         return Prefill(cache, model.compute_logits(hidden[:, -1]))
 
+    def _gather(self, params: Any, frozen: Any, pools: Any, pages: Array, pad: Array, length: Array, *,
+                width: int) -> Any:
+        """The contiguous cache of batch 1 and ``width`` slots holding the first ``length`` tokens that ``pages``
+        [max_pages] of ``pools`` (the engine's cache) hold, at slots ``pad ..`` (a context left-padded to ``width``),
+        for :meth:`_prefill_chunk` to prefill a turn's new tokens over (``schedule.Schedule._resume``).
+
+        Why the chunk program and not one program with the chunks in a loop: that one compiled in 3.1 CPU-s for
+        SmolLM2-135M at width 128, against 1.7 for the chunk program and a fraction of a second for this gather.
+        Families with fixed-size layer state never come here (that state would have to be kept too)."""
+        self.traces["gather"] += 1
+        cache = self._model(params, frozen).init_prefill_cache(1, width)
+        return _rebuild(pools, [gather_prefix(p, c, pages, pad, length) for p, c in _layer_pairs(pools, cache)])
+
+    def _release(self, state: EngineState, pages: Array) -> EngineState:
+        """``state`` after a row's kept ``pages`` [max_pages] (padded with out-of-range ids) lose its hold."""
+        self.traces["release"] += 1
+        return state._replace(counts=state.counts.at[pages].add(-1, mode="drop"))
+
     def _insert(self, state: EngineState, prefill: Prefill, n: Array, slots: Array, rows: Array, first: Array,
                 holders: Array, prompt_pages: Array, sampler: Sampler, *, new: int, greedy: bool,
                 top_k: int | None, use_top_p: bool, page_size: int) -> tuple[EngineState, Array]:
@@ -284,7 +315,7 @@ class PagedPrograms:
                                out_lp=state.out_lp.at[out_rows].set(0.0, mode="drop"))
         table = state.table.at[slots].set(table_rows, mode="drop")
         lengths = state.lengths.at[slots].set(n, mode="drop")
-        stopping = jnp.zeros((num_slots,), bool).at[slots].set(valid & done, mode="drop")
+        stopping = jnp.zeros((num_slots,), bool).at[slots].set(valid & done & ~sampler.keeps(rows), mode="drop")
         state = state._replace(
             cache=_rebuild(state.cache, layers), counts=give_back(counts, table, lengths, stopping, page_size),
             table=table, lengths=lengths,
@@ -331,7 +362,7 @@ class PagedPrograms:
             stop = jnp.any(tok[:, None] == sampler.stop_ids[None, :], axis=-1)
             done = s.active & (stop | (s.t + 1 >= sampler.limit(s.rows, new)))
             lengths = s.lengths + s.active.astype(jnp.int32)
-            counts_after = give_back(counts, table, lengths, done, page_size)
+            counts_after = give_back(counts, table, lengths, done & ~sampler.keeps(s.rows), page_size)
             s = s._replace(
                 cache=cache, counts=counts_after, table=table, lengths=lengths, tokens=tok,
                 t=s.t + s.active.astype(jnp.int32), active=s.active & ~done,

@@ -15,8 +15,16 @@ samples its next turn, and the engine idles while the tools run. Here the rollou
 
 The episodes are the turn-by-turn loop's for the same keys (the same per-row rules, ``multi_turn.Rules``, and
 draws that depend only on ``(seed, step, row, turn, position)``); only the seconds a row waited differ, since
-here each row waits for its own calls. A row's next turn is prefilled again from its whole context: its pages
-are not kept across turns (the prefix is recomputed, not shared).
+here each row waits for its own calls.
+
+Every turn is submitted with ``keep``: a row that stops keeps its pages while its calls run, and its next turn,
+whose context starts with the tokens they hold, prefills only its new tokens over them
+(:mod:`~scaletrain.generation.kept_pages`; an engine with ``keep_pages=False``, or a family with per-slot layer
+state, prefills the whole context again). A row whose episode ends gives its kept pages back at once
+(``forget``); a short pool takes them back first, before it preempts a live row. Log-probabilities differ from a
+full prefill's in the last bits (the prefix's keys came from other programs), so a token at a near-tie may too;
+a run whose pool gives no kept pages back replays the same episodes (docs/generation.md, "A multi-turn row keeps
+its pages between turns").
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ def overlapped_episodes(run: Any, prompts: Sequence[Sequence[int]], num_generati
     g = num_generations
     rows = [list(p) for p in prompts for _ in range(g)]
     for i, prompt in enumerate(prompts):
-        run.submit(prompt, range(i * g, i * g + g), seed=turn_seed(seed, 0), limit=rules.max_completion_length)
+        run.submit(prompt, range(i * g, i * g + g), seed=turn_seed(seed, 0), limit=rules.max_completion_length,
+                   keep=True)
     episodes: list[Episode | None] = [None] * len(rows)
     contexts: dict[int, list[int]] = {}
     turns = [0] * len(rows)
@@ -55,6 +64,8 @@ def overlapped_episodes(run: Any, prompts: Sequence[Sequence[int]], num_generati
         if wants:
             future = pool.submit(follow_row, row, wants, e, box, rules.tool_timeout)
             calls[future] = (row, wants, time.perf_counter())
+        else:
+            run.forget(row)  # its episode ended: its kept pages go back
 
     def came_back(future: concurrent.futures.Future) -> None:
         """Record a row's calls that came back; queue its next turn (or end its episode)."""
@@ -63,6 +74,7 @@ def overlapped_episodes(run: Any, prompts: Sequence[Sequence[int]], num_generati
         e.tool_seconds += time.perf_counter() - start
         context = rules.follow(e, kind, future.result())
         if context is None:
+            run.forget(row)
             return
         turns[row] += 1
         contexts[row] = context
@@ -70,7 +82,7 @@ def overlapped_episodes(run: Any, prompts: Sequence[Sequence[int]], num_generati
         if room <= 0:  # the results fill the completion: no turn is sampled (the turn-by-turn loop cuts it to none)
             taken(row, [], [])
             return
-        run.submit(context, [row], seed=turn_seed(seed, turns[row]), limit=room)
+        run.submit(context, [row], seed=turn_seed(seed, turns[row]), limit=room, keep=True)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(rows))),
                                                thread_name_prefix="scaletrain-agent-calls") as pool:
