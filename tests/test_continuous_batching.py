@@ -194,11 +194,12 @@ def test_grpo_step_samples_through_the_continuous_engine_by_option(tmp_path) -> 
                                 save_at_end=False, progress_bar=False, report_to=(), seed=0)
     trainer = GRPOTrainer(arguments=args, model=model, tokenizer=tok,
                           options={"num_generations": 4, "max_completion_length": 6,
-                                   "rollout_engine": "continuous", "rollout_slots": 3},
+                                   "rollout_engine": "continuous", "rollout_slots": 3, "rollout_keep_pages": True},
                           dataset_train=[{"prompt": p} for p in ("say yes", "the sky colour")],
                           reward_funcs=[lambda prompts, completions, **_: [float(len(c)) for c in completions]])
     trainer.train()
     assert isinstance(trainer.rollout_engine, ContinuousBatchEngine) and trainer.rollout_engine.slots == 3
+    assert trainer.rollout_engine.keep_pages  # objective.rollout_keep_pages (single-turn here: nothing to keep)
     assert trainer.rollout_engine.stats["prefills"] == 2 and trainer.rollout_engine.stats["pages_in_use"] == 0
     [record] = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if r.get("split") == "train"]
     assert np.isfinite(record["loss"]) and record["reward_std"] > 0
@@ -303,11 +304,11 @@ def test_long_prompt_prefills_in_chunks_between_decodes_with_one_compile_per_buc
     assert chunked.stats["pages_in_use"] == 0
 
 def test_prompts_of_three_buckets_compile_one_prefill_one_insert_and_decode_once(llama, monkeypatch) -> None:
-    """Prompts of 5, 20 and 40 tokens (buckets 16, 24 and 48 with 4-token pages) are all prefilled at the call's width, 48: from an
-    empty program cache the call compiles init, one prefill, one insert and one decode (each of the last two
-    compiled on a thread beside the prefills, and found there by the engine's call), not a prefill and an insert
-    per bucket. The 5-token prompt's rows equal its rows run alone (prefilled at its own bucket, 16): the padding
-    is masked out, so the sampled tokens are equal and the log-probs within LP_TOL."""
+    """Prompts of 5, 20 and 40 tokens (buckets 16, 24 and 48 with 4-token pages) are all prefilled at the call's
+    width, 48: from an empty program cache the call compiles init, one prefill, one insert and one decode (each of
+    the last two compiled on a thread beside the prefills, and found there by the engine's call), not a prefill
+    and an insert per bucket. The 5-token prompt's rows equal its rows run alone (prefilled at its own bucket, 16):
+    the padding is masked out, so the sampled tokens are equal and the log-probs within LP_TOL."""
     from scaletrain.generation.buckets import prompt_bucket
 
     assert [prompt_bucket(n, 4, 256) for n in (5, 20, 40, 48, 49, 100, 200, 300)] == [16, 24, 48, 48, 64, 128, 256,

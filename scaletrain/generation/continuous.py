@@ -86,12 +86,13 @@ class ContinuousBatchEngine:
     run while a long prompt was part-way prefilled), ``preemptions``, ``peak_pages`` and
     ``pages_in_use`` (held after the call: 0 when every page came back), ``num_pages``.
 
-    ``keep_pages``: a request submitted with ``keep`` (a multi-turn row that will continue: ``rl/overlap.py``)
-    keeps its pages when it stops, and its next turn prefills only its new tokens over them
-    (:mod:`~scaletrain.generation.kept_pages`); False prefills every turn from scratch. Families with per-slot
-    fixed-size layer state (Gated DeltaNet hybrids) never keep pages. ``stats``: ``prefills_resumed`` (turns
-    prefilled over kept pages), ``kept_prefix_tokens`` (context tokens those did not recompute), ``kept_dropped``
-    (rows whose kept pages went back to a short pool: prefilled whole instead).
+    ``keep_pages``: a request submitted with ``keep`` (a multi-turn row that will continue: ``rl/overlap.py``) keeps its
+    pages when it stops, and its next turn prefills only its new tokens over them
+    (:mod:`~scaletrain.generation.kept_pages`); False (the default) prefills every turn from scratch, so a turn's
+    tokens never depend on whether a short pool gave its pages back (docs/generation.md, kept pages). Families with
+    per-slot fixed-size layer state (Gated DeltaNet hybrids) never keep pages. ``stats``: ``prefills_resumed``
+    (turns prefilled over kept pages), ``kept_prefix_tokens`` (context tokens those did not recompute),
+    ``kept_dropped`` (rows whose kept pages went back to a short pool: prefilled whole instead).
     """
 
     sampling: SamplingParams
@@ -102,7 +103,7 @@ class ContinuousBatchEngine:
     cache_pages: int | None = None
     cache_fraction: float = 0.75
     prefill_chunk: int = 256
-    keep_pages: bool = True
+    keep_pages: bool = False
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -57,6 +57,10 @@ class GRPOOptions(BaseModel):
     rollout_engine: Literal["static", "continuous"] = "static"
     rollout_slots: int = Field(16, ge=1)
     rollout_cache_pages: int | None = Field(None, ge=1)  # continuous: the page pool (None: 3/4 of the worst case)
+    # continuous, with tools: a row keeps its pages between turns and prefills only its new tokens (docs/generation.md,
+    # kept pages); off by default: a turn over kept pages may sample a rare token another way, so a run replays
+    # exactly only where the pool never drops them
+    rollout_keep_pages: bool = False
     # rewards
     reward_funcs: list[Any] = Field(default_factory=list)
     reward_weights: list[float] | None = None

@@ -19,12 +19,13 @@ here each row waits for its own calls.
 
 Every turn is submitted with ``keep``: a row that stops keeps its pages while its calls run, and its next turn,
 whose context starts with the tokens they hold, prefills only its new tokens over them
-(:mod:`~scaletrain.generation.kept_pages`; an engine with ``keep_pages=False``, or a family with per-slot layer
-state, prefills the whole context again). A row whose episode ends gives its kept pages back at once
-(``forget``); a short pool takes them back first, before it preempts a live row. Log-probabilities differ from a
-full prefill's in the last bits (the prefix's keys came from other programs), so a token at a near-tie may too;
-a run whose pool gives no kept pages back replays the same episodes (docs/generation.md, "A multi-turn row keeps
-its pages between turns").
+(:mod:`~scaletrain.generation.kept_pages`), where the engine keeps pages (``keep_pages=True``; off by default);
+otherwise, or for a family with per-slot layer state, the whole context is prefilled again. A row whose episode ends
+gives its kept pages back at once (``forget``); a short pool takes them back first, before it preempts a live row.
+Log-probabilities differ from a full prefill's in the last bits (the prefix's keys came from other programs), so a
+token at a near-tie may too; a run whose pool gives no kept pages back replays the same episodes
+(docs/generation.md, "A multi-turn row keeps its pages between turns"); with keeping off every run does, and equals
+the turn-by-turn loop.
 """
 
 from __future__ import annotations

@@ -261,14 +261,14 @@ class GRPOTrainer(Trainer):
         the options' sampling (TRL's names; the tokenizer's stop ids, its pad id); with tools, under the tool loop."""
         if self._given_engine is not None:
             return self._given_engine
-        o = self.options
+        o, pad = self.options, getattr(self.tokenizer, "pad_token_id", None)
         stops = stop_token_ids(self.tokenizer, getattr(self._model.config, "eos_token_id", None))
-        pad = getattr(self.tokenizer, "pad_token_id", None)
         sampling = SamplingParams(
             max_completion_length=o.max_completion_length, temperature=o.temperature, top_k=o.top_k or None,
             top_p=None if o.top_p >= 1.0 else o.top_p, stop_token_ids=tuple(stops),
             pad_token_id=int(pad if pad is not None else (stops[0] if stops else 0)))
-        engine = (ContinuousBatchEngine(sampling, slots=o.rollout_slots, cache_pages=o.rollout_cache_pages)
+        engine = (ContinuousBatchEngine(sampling, slots=o.rollout_slots, cache_pages=o.rollout_cache_pages,
+                                        keep_pages=o.rollout_keep_pages)
                   if o.rollout_engine == "continuous" else StaticBatchEngine(sampling))  # agentic: each turn sampled by it, tools between (rl/multi_turn)
         return engine if self.agentic is None else agentic_engine(engine, self.tokenizer, o, self._model.config)
 

@@ -31,7 +31,7 @@ from scaletrain.errors import CheckpointError
 #: (the reference itself is checked by its weights' digest: ``check_reference``)
 FREE_OBJECTIVE_KEYS = frozenset({"name", "log_completions", "log_completions_steps", "num_completions_to_print",
                                  "reference", "reference_source", "precompute_ref_log_probs", "reward_timeout",
-                                 "rollout_engine", "rollout_slots", "rollout_cache_pages",
+                                 "rollout_engine", "rollout_slots", "rollout_cache_pages", "rollout_keep_pages",
                                  "tool_timeout"})
 #: the data kinds whose rows are prepared by ``data.preparation`` and cut by ``training.truncation_mode`` as
 #: their objective's TRL trainer does by default: another value gives other token ids for the same pair
