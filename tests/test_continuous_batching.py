@@ -357,3 +357,35 @@ def test_rows_preempted_and_prefilled_in_chunks_equal_rows_never_preempted_and_p
     for key in ("completion_ids", "completion_mask", "lengths", "truncated"):
         np.testing.assert_array_equal(roomy[key], tight[key], err_msg=key)
     np.testing.assert_allclose(roomy["log_probs"], tight["log_probs"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["scanned", "hybrid", "mla"])  # the unrolled Llama's caches: as the hybrid's
+def test_a_call_whose_prompts_all_fit_prefills_them_in_one_batch_with_the_rows_of_one_by_one(family, request,
+                                                                                              monkeypatch) -> None:
+    """Four prompts x G=2 into 8 slots: the first round places every row, so the four prompts are prefilled in one
+    batch (one prefill trace, ``prefills`` 4) and each insertion takes its row of it: the per-layer caches (stacked
+    ones on their second axis), Qwen3.5's Gated DeltaNet state, DeepSeek-V3's latent. Into 7 slots the last row
+    waits, so each prompt is prefilled alone (a second prefill program, of one row): the same sampled tokens,
+    log-probs within LP_TOL (a batch of rows sums in other blocks)."""
+    from flax import nnx
+
+    import scaletrain.compile_cache as compile_cache
+    import scaletrain.generation.continuous as continuous
+
+    monkeypatch.setattr(continuous, "_PROGRAMS", compile_cache.ProgramCache(8))
+
+    if family == "scanned":
+        from scaletrain.models import LlamaConfig, LlamaForCausalLM, create_sharded_model
+
+        config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                             eos_token_id=1, pad_token_id=0, bos_token_id=None, scan_layers=True)
+        model = create_sharded_model(LlamaForCausalLM, config, seed=0, mesh=one_device_mesh())[0]
+    else:
+        model = request.getfixturevalue(family)
+    traces = continuous.programs_for(*nnx.split(model)).traces
+    together, stats = _run(model, 1.0, slots=8)
+    assert stats["prefills"] == 4 and stats["pages_in_use"] == 0 and traces["prefill"] == 1
+    one_by_one, stats = _run(model, 1.0, slots=7)
+    assert stats["prefills"] == 4 and traces["prefill"] == 2  # the batch of 4, then the prompt of 1
+    _assert_rows_equal(together, one_by_one)

@@ -6,7 +6,8 @@ Here rows wait in a queue; a slot whose row stops gives its pages back and takes
 waiting row, so the slots stay full until the work runs out. How a request flows:
 
 1. **queue**: prompts in request order, each with its G samples (rows ``i * G .. i * G + G - 1``).
-2. **prefill**: when a slot and its pages are free, the next prompt is prefilled once, whatever its G,
+2. **prefill**: when a slot and its pages are free, the next prompt is prefilled once, whatever its G (every
+   prompt at once, in one batch, when all of a call's rows fit in its first round),
    left-padded to the call's width (its longest prompt's bucket: one program for every prompt of the
    call); a prompt longer than ``prefill_chunk`` is prefilled one chunk per host turn, with a decode
    call between two chunks.
@@ -132,6 +133,7 @@ class ContinuousBatchEngine:
                 run.row_ids[:layout.rows] = np.asarray(rows, np.int32)
             for i, prompt in enumerate(prompts):
                 run.submit(prompt, range(i * g, i * g + g))
+            run.all_submitted = True
             while run.busy:
                 run.advance()
         n = layout.rows

@@ -133,6 +133,14 @@ def _rebuild(paged: Any, layers: list[Any]) -> Any:
     return layers[0] if isinstance(paged, PagedKVCache) else layers
 
 
+def _prefill_row(prefill: Prefill, index: Array) -> Prefill:
+    """Row ``index`` of a prefill of several prompts, as a prefill of one (batch axis 1 of a stacked cache)."""
+    stacked = isinstance(prefill.cache, KVCache) and prefill.cache.keys.ndim == 5
+    axis = 1 if stacked else 0
+    take = lambda x: jax.lax.dynamic_index_in_dim(x, index, axis=axis)  # noqa: E731  (keeps the axis, of size 1)
+    return Prefill(jax.tree.map(take, prefill.cache), jax.lax.dynamic_index_in_dim(prefill.logits, index, axis=0))
+
+
 def _fill_pages(pool: PagedKVCache, prefill: KVCache, ids: Array, page_index: Array, n: Array) -> PagedKVCache:
     """``pool`` with pages ``ids`` [J] holding the prompt's page ``page_index`` [J] of the left-padded
     prefill cache (batch 1); positions past the prompt are zero. Stacked layers: a leading layer axis."""
@@ -220,13 +228,14 @@ class PagedPrograms:
             short=jnp.zeros((), bool), peak_pages=jnp.zeros((), jnp.int32))
 
     def _prefill(self, params: Any, frozen: Any, input_ids: Array, mask: Array) -> Prefill:
-        """One left-padded prompt [1, P] through the contiguous-cache prefill (the static engine's)."""
+        """Left-padded prompts [B, P] through the contiguous-cache prefill (the static engine's): one prompt, or
+        every prompt of a call whose prompts all fit in its first round (:meth:`_insert` takes one row of it)."""
         self.traces["prefill"] += 1
         model = self._model(params, frozen)
-        p = input_ids.shape[1]
+        b, p = input_ids.shape
         mask = mask.astype(jnp.int32)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        hidden, cache = model.forward_with_cache(input_ids, positions, model.init_prefill_cache(1, p), 0,
+        hidden, cache = model.forward_with_cache(input_ids, positions, model.init_prefill_cache(b, p), 0,
                                                  mask.astype(bool))
         return Prefill(cache, model.compute_logits(hidden[:, -1]))
 
@@ -270,15 +279,17 @@ class PagedPrograms:
         self.traces["release"] += 1
         return state._replace(counts=state.counts.at[pages].add(-1, mode="drop"))
 
-    def _insert(self, state: EngineState, prefill: Prefill, n: Array, slots: Array, rows: Array, first: Array,
-                holders: Array, prompt_pages: Array, sampler: Sampler, *, new: int, greedy: bool,
+    def _insert(self, state: EngineState, prefill: Prefill, index: Array, n: Array, slots: Array, rows: Array,
+                first: Array, holders: Array, prompt_pages: Array, sampler: Sampler, *, new: int, greedy: bool,
                 top_k: int | None, use_top_p: bool, page_size: int) -> tuple[EngineState, Array]:
-        """Put one prompt's samples into ``slots`` [G] (``num_slots`` where none) as request ``rows`` [G].
+        """Put one prompt's samples into ``slots`` [G] (``num_slots`` where none) as request ``rows`` [G]; the prompt
+        is row ``index`` of ``prefill`` (0 for a prefill of one prompt).
 
         ``first``: the prompt's first insertion (its whole pages are taken and written now, held by the
         ``holders`` samples that will read them: G, or 1 for a preempted row prefilled again); later
         insertions reuse ``prompt_pages`` [P / page_size], which this returns."""
         self.traces["insert"] += 1
+        prefill = _prefill_row(prefill, index)
         num_slots, max_pages = state.table.shape
         g = slots.shape[0]
         valid = slots < num_slots

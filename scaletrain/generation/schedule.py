@@ -54,6 +54,7 @@ class _Entry:
     rows: list[int]
     placed: int = 0
     prefill: Any = None
+    prefill_row: int = 0  # its row of ``prefill`` (a call's first round may prefill all its prompts at once)
     held: Any = None
     chunk_cache: Any = None
     chunk_at: int = 0
@@ -87,6 +88,7 @@ class Schedule:
         self._ahead: Ahead | None = Ahead(programs.decode, params, frozen, self.es, self.sampler, jnp.asarray(True),
                                           **flags, decode_steps=decode_steps)
         self._insert_ahead: Ahead | None = None  # the insert program's compile, started by the first prefill
+        self.all_submitted = False  # set by a caller that queued every request before the first round (generate)
         self.prompts: list[list[int]] = []
         self.prompt_of: dict[int, int] = {}  # request row -> the prompt it samples now
         self.waiting: deque[_Entry] = deque()
@@ -208,6 +210,7 @@ class Schedule:
         Why every prefill before the first insert: on a run's first round the insert program compiles on a thread
         (:class:`~scaletrain.generation.ahead.Ahead`, from the first prefill's shapes) while the other prompts are
         prefilled, rather than between them."""
+        self._prefill_together(plan)
         for entry, _ in plan:
             if entry.prefill is None:
                 p_ids, p_mask = left_pad([self.prompts[entry.prompt]], self.pad_id, self._bucket(entry.prompt))
@@ -229,6 +232,25 @@ class Schedule:
             if entry.placed == len(entry.rows):
                 self.waiting.popleft()
 
+    def _prefill_together(self, plan: list[tuple[_Entry, int]]) -> None:
+        """Prefill every prompt of ``plan`` in one batch, where it places every request of a call that is all
+        queued (:attr:`all_submitted`) in its first round: a call whose prompts all fit in its slots (G = 1 and few
+        prompts) then reads the weights once for them, not once a prompt, as the static engine does.
+
+        Why only then: a later round places the one or two prompts whose slots just freed, and a batch of another
+        size is another program to compile; a call that fits in one round has no later round."""
+        if not (self.all_submitted and self.stats["prefills"] == 0 and len(plan) > 1
+                and len(plan) == len(self.waiting) and all(take == len(e.rows) for e, take in plan)):
+            return
+        widths = {self._bucket(e.prompt) for e, _ in plan}
+        if len(widths) > 1 or max(widths) > self.prefill_chunk or any(e.prefill is not None for e, _ in plan):
+            return
+        p_ids, p_mask = left_pad([self.prompts[e.prompt] for e, _ in plan], self.pad_id, widths.pop())
+        together = self.programs.prefill(self.params, self.frozen, p_ids, p_mask)
+        for i, (entry, _) in enumerate(plan):
+            entry.prefill, entry.prefill_row = together, i
+        self.stats["prefills"] += len(plan)
+
     def _insert_args(self, entry: _Entry, take: int) -> tuple[Any, ...]:
         """The insert program's operands placing ``take`` more of ``entry``'s rows into the first free slots."""
         g = self.group
@@ -236,8 +258,8 @@ class Schedule:
         slots[:take] = self.free[:take]
         row_ids = np.full((g,), self.rows, np.int32)
         row_ids[:take] = entry.rows[entry.placed:entry.placed + take]
-        return (self.es, entry.prefill, jnp.int32(len(self.prompts[entry.prompt])), slots, row_ids,
-                jnp.asarray(not entry.placed), jnp.int32(len(entry.rows)), entry.held, self.sampler)
+        return (self.es, entry.prefill, jnp.int32(entry.prefill_row), jnp.int32(len(self.prompts[entry.prompt])),
+                slots, row_ids, jnp.asarray(not entry.placed), jnp.int32(len(entry.rows)), entry.held, self.sampler)
 
     def finish(self) -> dict[str, int]:
         """The run's ``stats`` with its pages (peak, still held, the pool's), after every kept page went back;
