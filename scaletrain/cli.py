@@ -316,7 +316,8 @@ def report_user_error(err: BaseException) -> int | None:
     from scaletrain.training.disk_full import no_room
 
     if isinstance(err, ScaletrainError):
-        print(f"scaletrain: error: {err}", file=sys.stderr)
+        if not getattr(err, "reported", False):  # a reward error one process of several said as it happened
+            print(f"scaletrain: error: {err}", file=sys.stderr)
         return 2
     reason = no_room(err) if isinstance(err, OSError) else None
     if reason is None:

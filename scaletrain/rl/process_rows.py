@@ -15,6 +15,7 @@ raw bytes: float64 and NaN arrive bit for bit. One process: no collective, every
 from __future__ import annotations
 
 import pickle
+import sys
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -159,6 +160,9 @@ def raise_agreed(failure: Exception | None) -> None:
     """
     codes = process_codes(0 if failure is None else 2 if isinstance(failure, StopRequested) else 1)
     if isinstance(failure, DataError):
+        if len(codes) > 1:  # say it now: the others stop at once, and a collective on the way out may find them gone
+            print(f"scaletrain: error: {failure}", file=sys.stderr, flush=True)  # (a lost peer ends this process)
+            failure.reported = True  # type: ignore[attr-defined]  (cli.report_user_error prints it once)
         raise failure
     if 1 in codes:
         raise DataError(f"a reward function raised in process {codes.index(1)} (its log names it and the row); "
