@@ -182,14 +182,11 @@ class Schedule:
                 break
             if entry.prefill is None:
                 self._resume(entry)  # a turn over its row's kept pages: prefilled now, those pages given back
-            n = len(self.prompts[entry.prompt])
-            whole, partial = divmod(n, self.page_size)
-            first = not entry.placed
             left = len(entry.rows) - entry.placed
 
             def fits() -> int:
                 take = min(left, free)
-                while take and (whole * first + take * (partial > 0)) > self.free_pages - used - live:
+                while take and self._pages_taken(entry, take) > self.free_pages - used - live:
                     take -= 1
                 return take
 
@@ -199,7 +196,7 @@ class Schedule:
             if not take or (entry.prefill is None and self._bucket(entry.prompt) > self.prefill_chunk):
                 break
             plan.append((entry, take))
-            free, live, used = free - take, live + take, used + whole * first + take * (partial > 0)
+            free, live, used = free - take, live + take, used + self._pages_taken(entry, take)
             if take < left:
                 break
         return plan
@@ -226,8 +223,7 @@ class Schedule:
             self.es, entry.held = self.programs.insert(*self._insert_args(entry, take), **self.flags)
             self.in_slot.update(zip(self.free[:take], entry.rows[entry.placed:entry.placed + take]))
             self.free, self.live = self.free[take:], self.live + take
-            n = len(self.prompts[entry.prompt])
-            self.free_pages -= n // self.page_size * (not entry.placed) + take * (n % self.page_size > 0)
+            self.free_pages -= self._pages_taken(entry, take)
             entry.placed += take
             if entry.placed == len(entry.rows):
                 self.waiting.popleft()
@@ -250,6 +246,12 @@ class Schedule:
         for i, (entry, _) in enumerate(plan):
             entry.prefill, entry.prefill_row = together, i
         self.stats["prefills"] += len(plan)
+
+    def _pages_taken(self, entry: _Entry, take: int) -> int:
+        """The free pages placing ``take`` more of ``entry``'s rows takes: the prompt's whole pages at its first
+        placement (shared by all its rows), and a copy of its partial last page per row."""
+        whole, partial = divmod(len(self.prompts[entry.prompt]), self.page_size)
+        return whole * (not entry.placed) + take * (partial > 0)
 
     def _insert_args(self, entry: _Entry, take: int) -> tuple[Any, ...]:
         """The insert program's operands placing ``take`` more of ``entry``'s rows into the first free slots."""
